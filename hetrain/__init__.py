@@ -1,0 +1,1 @@
+"""hetrain: fast, cheap PyTorch training on heterogeneous clusters."""

@@ -1,0 +1,52 @@
+"""`hetrain` command line. Each area owns its subcommands in its own `cli` module
+(a `register(subparsers)` function), so this file only lists them."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hetrain.errors import UserError
+
+# module path -> owns these subcommands
+_AREAS = (
+    "hetrain.runtime.cli",   # launch, demo, netns
+    "hetrain.plan.cli",      # plan
+    "hetrain.sched.cli",     # schedule
+    "hetrain.pipeline.cli",  # train --plan
+    "hetrain.train.cli",     # report
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for path in _AREAS:
+        try:
+            module = importlib.import_module(path)
+        except ModuleNotFoundError as err:
+            if err.name and path.startswith(err.name):  # area not built yet in this checkout
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("hetrain: interrupted", file=sys.stderr)
+        return 130
+    except UserError as err:  # user mistakes: a message, no traceback
+        print(f"hetrain: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Cluster description: machines, their devices, NICs and addresses.
+
+A cluster is a list of machines. A *worker* machine has a compute device (real or
+emulated by a speed factor) and runs one training process, plus a co-located
+summation server in the modes that use one. A *cpu* machine only runs a summation
+server (BytePS's spare-CPU idea). Files are YAML; every mistake is reported with the
+field's path and what to write instead.
+"""
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import UserError
+from .units import parse_rate, parse_size
+
+Role = Literal["worker", "cpu"]
+Emulation = Literal["none", "netns", "ratelimit", "auto"]
+
+
+class ClusterSpecError(UserError):
+    """A cluster file that cannot be used; the message says where and what to fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeedChange(_Strict):
+    """From `at_step` on, the device runs at `speed` (emulated interference)."""
+
+    at_step: int = Field(ge=0)
+    speed: float = Field(gt=0, le=1)
+
+
+class DeviceSpec(_Strict):
+    """An emulated compute device: kind name, speed factor (1 = this host) and memory cap."""
+
+    kind: str = "cpu"
+    speed: float = Field(default=1.0, gt=0, le=1)
+    memory: float = Field(default=4 * 2**30, description="bytes, or a string like '4GiB'")
+    speed_schedule: tuple[SpeedChange, ...] = ()
+    cuda: bool = False
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _mem(cls, v: object) -> float:
+        return parse_size(v)
+
+    @field_validator("speed_schedule")
+    @classmethod
+    def _sorted(cls, v: tuple[SpeedChange, ...]) -> tuple[SpeedChange, ...]:
+        steps = [c.at_step for c in v]
+        if steps != sorted(set(steps)):
+            raise ValueError("speed_schedule entries need strictly increasing at_step")
+        return v
+
+    def speed_at(self, step: int) -> float:
+        speed = self.speed
+        for change in self.speed_schedule:
+            if step >= change.at_step:
+                speed = change.speed
+        return speed
+
+
+class MachineSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    role: Role
+    device: DeviceSpec | None = None
+    bandwidth: float = Field(default=1.25e9, description="NIC bytes/s each way, or '10gbit'")
+    address: str = "127.0.0.1"
+    node: int = Field(default=0, ge=0, description="which launcher (node rank) starts it")
+
+    @field_validator("bandwidth", mode="before")
+    @classmethod
+    def _bw(cls, v: object) -> float:
+        return parse_rate(v)
+
+    @field_validator("address")
+    @classmethod
+    def _addr(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"address {v!r} is not an IP address (write e.g. 10.0.0.2)") from None
+        return v
+
+    @model_validator(mode="after")
+    def _device_matches_role(self) -> "MachineSpec":
+        if self.role == "worker" and self.device is None:
+            raise ValueError(f"worker machine {self.name!r} has no device; add e.g. `device: {{kind: gpu, speed: 1.0}}`")
+        if self.role == "cpu" and self.device is not None:
+            raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `device`")
+        return self
+
+
+class NetworkSpec(_Strict):
+    """How links are emulated on one host: network namespaces with tc, an in-process
+    limiter (no root needed), none, or auto (netns when root, else ratelimit)."""
+
+    emulate: Emulation = "none"
+    latency_ms: float = Field(default=0.0, ge=0)
+
+
+class ClusterSpec(_Strict):
+    name: str = "cluster"
+    machines: tuple[MachineSpec, ...]
+    network: NetworkSpec = NetworkSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> "ClusterSpec":
+        names = [m.name for m in self.machines]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate machine names {dup}; every machine needs its own name")
+        if not self.workers:
+            raise ValueError("the cluster has no worker machine; add at least one machine with role: worker")
+        nodes = sorted({m.node for m in self.machines})
+        if nodes != list(range(len(nodes))):
+            raise ValueError(f"node ranks must be 0..N-1 without gaps, got {nodes}")
+        return self
+
+    @property
+    def workers(self) -> tuple[MachineSpec, ...]:
+        return tuple(m for m in self.machines if m.role == "worker")
+
+    @property
+    def cpu_machines(self) -> tuple[MachineSpec, ...]:
+        return tuple(m for m in self.machines if m.role == "cpu")
+
+    @property
+    def nnodes(self) -> int:
+        return max(m.node for m in self.machines) + 1
+
+    def machine(self, name: str) -> MachineSpec:
+        for m in self.machines:
+            if m.name == name:
+                return m
+        raise KeyError(f"no machine named {name!r} in cluster {self.name!r}")
+
+    def with_emulation(self, emulate: Emulation) -> "ClusterSpec":
+        return self.model_copy(update={"network": self.network.model_copy(update={"emulate": emulate})})
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid cluster file {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {e['loc'][-1]!r}; check its spelling against docs/user-guide.md"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_cluster(data: object, source: str = "<dict>") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise ClusterSpecError(f"invalid cluster file {source}: expected a mapping with a `machines:` list")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as err:
+        raise ClusterSpecError(_format_error(err, source)) from None
+
+
+def load_cluster(path: str | Path | None) -> ClusterSpec:
+    """Load a YAML cluster file; None gives the built-in default cluster."""
+    if path is None:
+        return default_cluster()
+    path = Path(path)
+    if not path.is_file():
+        raise ClusterSpecError(f"cluster file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ClusterSpecError(f"cluster file {path} is not valid YAML: {err}") from None
+    return parse_cluster(data, str(path))
+
+
+def default_cluster() -> ClusterSpec:
+    """4 worker machines of mixed speed and 2 CPU-only machines, all on this host."""
+    speeds = [1.0, 1.0, 0.5, 0.25]
+    machines = [
+        {"name": f"w{i}", "role": "worker", "device": {"kind": f"emu{s:g}", "speed": s, "memory": "2GiB"},
+         "bandwidth": "10gbit"}
+        for i, s in enumerate(speeds)
+    ] + [{"name": f"c{j}", "role": "cpu", "bandwidth": "10gbit"} for j in range(2)]
+    return parse_cluster({"name": "default", "machines": machines}, "<default>")

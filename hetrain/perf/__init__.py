@@ -1,0 +1,5 @@
+"""One numpy-only performance model shared by the planner, the scheduler and the simulator.
+
+Modules: `comm` (BytePS split, ring and PS transfer times), plus the placement
+(`pipeline`) and job-scaling (`jobs`) models that build on it.
+"""

@@ -1,0 +1,122 @@
+"""Communication times of the BytePS family (all-reduce and PS are special cases).
+
+Notation follows the BytePS paper: n worker machines, k CPU-only machines, M bytes of
+gradient, B bytes/s per NIC in each direction. Every function is numpy/scipy only so
+the planner, scheduler and simulator can call it without torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
+    """Bandwidth-optimal ring all-reduce: each NIC moves 2(n-1)/n · M."""
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * latency
+
+
+def byteps_split(n: int, k: int, nbytes: float = 1.0) -> tuple[float, float]:
+    """Optimal bytes held by each CPU server and each co-located server: (M_cpu, M_gpu).
+
+    For k <= n: M_cpu = 2(n-1)M/(n²+kn-2k), M_gpu = (n-k)M/(n²+kn-2k).
+    For k > n only CPU servers are used (M_gpu = 0, M_cpu = M/k).
+    """
+    if n < 1 or k < 0:
+        raise ValueError(f"need n >= 1 worker machines and k >= 0 CPU machines, got n={n}, k={k}")
+    if k > n:
+        return nbytes / k, 0.0
+    if n == 1 and k == 0:
+        return 0.0, nbytes
+    den = n * n + k * n - 2 * k
+    return 2.0 * (n - 1) * nbytes / den, (n - k) * nbytes / den
+
+
+def byteps_time(nbytes: float, n: int, k: int, bandwidth: float) -> float:
+    """t_opt: the proven-optimal push_pull time; k=0 is ring all-reduce, k=n is PS."""
+    if n <= 1 and k == 0:
+        return 0.0
+    if k >= n:
+        return nbytes / bandwidth
+    return 2.0 * n * (n - 1) * nbytes / ((n * n + k * n - 2 * k) * bandwidth)
+
+
+def byteps_speedup_over_allreduce(n: int, k: int) -> float:
+    """1 + k(n-2)/n² for k <= n (the paper's headline ratio)."""
+    k = min(k, n)
+    return 1.0 + k * (n - 2) / (n * n)
+
+
+def ps_time(nbytes: float, n: int, k: int, bandwidth: float) -> float:
+    """Plain PS on k CPU servers: a server NIC carries n·M/k, a worker NIC carries M."""
+    if k < 1:
+        raise ValueError("a parameter server needs at least one CPU machine (k >= 1)")
+    return max(nbytes, n * nbytes / k) / bandwidth
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Bytes per server (co-located servers first, in worker order, then CPU servers)."""
+
+    gpu_bytes: np.ndarray
+    cpu_bytes: np.ndarray
+    time_s: float
+
+    @property
+    def shares(self) -> np.ndarray:
+        total = self.gpu_bytes.sum() + self.cpu_bytes.sum()
+        return np.concatenate([self.gpu_bytes, self.cpu_bytes]) / total
+
+
+def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> SplitPlan:
+    """Bytes per server minimising the slowest NIC, for per-machine bandwidths.
+
+    Generalises `byteps_split` (equal bandwidths) to uneven NICs as a small LP:
+    worker machine i moves M + (n-2)·m_i bytes each way, CPU machine j moves n·m_j;
+    minimise T with every machine's bytes/bandwidth <= T and Σ m = M. Solved with
+    SciPy's HiGHS; for equal bandwidths it reproduces the closed form (tested).
+    """
+    from scipy.optimize import linprog
+
+    worker_bw = np.asarray(worker_bw, dtype=float)
+    cpu_bw = np.asarray(cpu_bw, dtype=float)
+    n, k = len(worker_bw), len(cpu_bw)
+    if n < 1:
+        raise ValueError("need at least one worker machine")
+    if np.any(worker_bw <= 0) or np.any(cpu_bw <= 0):
+        raise ValueError("bandwidths must be positive")
+    if n == 1 and k == 0:
+        return SplitPlan(np.array([float(nbytes)]), np.zeros(0), 0.0)
+    # variables: m_0..m_{n-1}, c_0..c_{k-1}, T   (in units of M, so the LP is well scaled)
+    nv = n + k + 1
+    cost = np.zeros(nv)
+    cost[-1] = 1.0
+    a_ub, b_ub = [], []
+    for i in range(n):
+        row = np.zeros(nv)
+        row[i] = (n - 2) / worker_bw[i]
+        row[-1] = -1.0
+        a_ub.append(row)
+        b_ub.append(-1.0 / worker_bw[i])
+    for j in range(k):
+        row = np.zeros(nv)
+        row[n + j] = n / cpu_bw[j]
+        row[-1] = -1.0
+        a_ub.append(row)
+        b_ub.append(0.0)
+    a_eq = np.zeros((1, nv))
+    a_eq[0, : n + k] = 1.0
+    res = linprog(cost, A_ub=np.array(a_ub), b_ub=np.array(b_ub), A_eq=a_eq, b_eq=[1.0],
+                  bounds=[(0, None)] * nv, method="highs")
+    if res.status != 0:  # pragma: no cover - the LP is always feasible and bounded
+        raise RuntimeError(f"split LP failed: {res.message}")
+    x = np.clip(res.x, 0.0, None)
+    m = x[: n + k] / x[: n + k].sum() * nbytes
+    return SplitPlan(m[:n], m[n:], float(x[-1]) * nbytes)
+
+
+def transfer_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
+    """Point-to-point transfer of nbytes over one link."""
+    return latency + nbytes / bandwidth
