@@ -1,1 +1,27 @@
-"""hetrain: fast, cheap PyTorch training on heterogeneous clusters."""
+"""hetrain: fast, cheap PyTorch training on heterogeneous clusters.
+
+Communication API (BytePS/Horovod style)::
+
+    import hetrain
+    hetrain.init()
+    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_API = {"init", "rank", "size", "push_pull", "broadcast_parameters", "DistributedOptimizer",
+        "HookState", "ddp_comm_hook", "shutdown", "engine"}
+
+
+def __getattr__(name: str):
+    # Lazy: `hetrain plan` and `hetrain schedule` must not pay for torch.distributed.
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'hetrain' has no attribute {name!r}")
+
+
+__all__ = sorted(_API)

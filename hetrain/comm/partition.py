@@ -1,0 +1,71 @@
+"""The single partitioner: cut the flat gradient into partitions and give each to a
+summation server so that bytes per server follow the target shares exactly.
+
+The flat buffer is walked in priority order (tensors nearest the input first) in
+rounds; in each round every server gets one contiguous slice whose length follows
+its share. Server j's slices over R rounds sum to exactly its target T_j because
+round r gives floor((r+1)·T_j/R) - floor(r·T_j/R) elements. Interleaving servers
+inside each round keeps every NIC busy from the first partition on, which a
+contiguous per-server split (server 0 gets all early layers) would not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Partition:
+    pid: int  # also the priority: lower goes first
+    server: int  # server index (not rank)
+    start: int  # element offset in the flat buffer
+    length: int  # elements
+
+
+def largest_remainder(total: int, shares: np.ndarray) -> np.ndarray:
+    """Integers proportional to shares that add up to total exactly."""
+    shares = np.asarray(shares, dtype=float)
+    raw = shares / shares.sum() * total
+    out = np.floor(raw).astype(np.int64)
+    short = total - int(out.sum())
+    if short:
+        order = np.argsort(-(raw - out), kind="stable")
+        out[order[:short]] += 1
+    return out
+
+
+def plan_partitions(numel: int, shares: np.ndarray, partition_elems: int) -> list[Partition]:
+    """Partitions of a flat buffer of `numel` elements for servers with `shares`.
+
+    The largest slice in a round is about `partition_elems`; smaller-share servers
+    get proportionally smaller slices.
+    """
+    shares = np.asarray(shares, dtype=float)
+    if numel <= 0:
+        return []
+    if shares.ndim != 1 or len(shares) == 0 or np.any(shares < 0) or shares.sum() <= 0:
+        raise ValueError(f"need non-negative server shares with a positive sum, got {shares}")
+    if partition_elems < 1:
+        raise ValueError("partition_elems must be >= 1")
+    targets = largest_remainder(numel, shares)
+    per_round = partition_elems / (shares.max() / shares.sum())
+    rounds = max(1, int(np.ceil(numel / per_round)))
+    parts: list[Partition] = []
+    offset = 0
+    active = np.nonzero(targets)[0]
+    for r in range(rounds):
+        for j in active:
+            length = int((r + 1) * targets[j] // rounds - r * targets[j] // rounds)
+            if length:
+                parts.append(Partition(len(parts), int(j), offset, length))
+                offset += length
+    assert offset == numel
+    return parts
+
+
+def bytes_per_server(parts: list[Partition], num_servers: int, itemsize: int = 4) -> np.ndarray:
+    out = np.zeros(num_servers, dtype=np.int64)
+    for p in parts:
+        out[p.server] += p.length * itemsize
+    return out

@@ -1,0 +1,84 @@
+"""`hetrain launch`, `hetrain demo`, `hetrain netns cleanup`."""
+from __future__ import annotations
+
+import argparse
+
+from ..cluster.spec import load_cluster
+from .env import CommConfig
+from .topology import MODES
+
+
+def _add_job_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", help="cluster YAML (default: built-in 4 mixed workers + 2 CPU machines)")
+    p.add_argument("--mode", choices=MODES, default="byteps", help="communication architecture (default byteps)")
+    p.add_argument("--partition-bytes", type=int, default=4_096_000)
+    p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker (0: 2 partitions per server)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
+    p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
+                   help="override the cluster file's link emulation")
+    p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
+    p.add_argument("--quiet", action="store_true", help="do not stream the processes' output")
+
+
+def _launch_config(args, argv: list[str]):
+    from .launcher import LaunchConfig
+    from .auth import load_secret
+
+    cluster = load_cluster(args.cluster)
+    if args.emulate:
+        cluster = cluster.with_emulation(args.emulate)
+    comm = CommConfig(mode=args.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
+                      timeout_s=args.timeout)
+    secret = None
+    if getattr(args, "secret_file", None):
+        secret = load_secret(path=args.secret_file)
+    return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=getattr(args, "node_rank", None),
+                        master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", 0) or 0,
+                        secret=secret, run_dir=args.run_dir, quiet=args.quiet)
+
+
+def _cmd_launch(args) -> int:
+    from .launcher import launch
+
+    argv = list(args.script)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    return launch(_launch_config(args, argv))
+
+
+def _cmd_demo(args) -> int:
+    from .launcher import launch
+
+    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs)]
+    return launch(_launch_config(args, argv))
+
+
+def _cmd_netns(args) -> int:
+    from ..cluster.netns import cleanup_stale
+
+    slots = cleanup_stale()
+    print(f"removed emulated networks of {len(slots)} dead launcher(s): {slots}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("launch", help="start every worker and summation server of a cluster",
+                       description="Start a training script on every worker machine of the cluster, and the "
+                                   "summation servers the mode needs. Multi-node: run the same command on every "
+                                   "node with --node-rank, --master-addr, --master-port and the same secret.")
+    _add_job_flags(p)
+    p.add_argument("--node-rank", type=int, help="this node's rank (machines carry `node:` in the cluster file)")
+    p.add_argument("--master-addr", help="node 0's cluster address (hosts the rendezvous store)")
+    p.add_argument("--master-port", type=int, default=0)
+    p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
+    p.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args] or -m module [args]")
+    p.set_defaults(func=_cmd_launch)
+
+    d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
+    _add_job_flags(d)
+    d.add_argument("--epochs", type=int, default=8)
+    d.set_defaults(func=_cmd_demo)
+
+    n = sub.add_parser("netns", help="emulated-network housekeeping")
+    n.add_argument("action", choices=["cleanup"])
+    n.set_defaults(func=_cmd_netns)

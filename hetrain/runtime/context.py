@@ -1,0 +1,128 @@
+"""Per-process job context: who am I, the process groups, and how to report a lost peer."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ..cluster.spec import ClusterSpec
+from ..errors import UserError
+from .auth import admit, load_secret
+from .env import CommConfig, ProcEnv
+from .netif import iface_for_address
+from .topology import Topology, build_topology
+
+
+class PeerLostError(RuntimeError):
+    """A peer process died or stopped answering; the message names it."""
+
+
+@dataclass
+class Context:
+    env: ProcEnv | None
+    cluster: ClusterSpec | None
+    topology: Topology | None
+    store: object | None
+    worker_group: object | None
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank if self.env else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size if self.env else 1
+
+    @property
+    def comm(self) -> CommConfig:
+        return self.env.comm if self.env else CommConfig(mode="allreduce")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.topology.workers) if self.topology else 1
+
+    @property
+    def is_worker(self) -> bool:
+        return self.topology is None or self.topology.proc(self.rank).role == "worker"
+
+    @property
+    def distributed(self) -> bool:
+        return self.env is not None
+
+    def describe(self, rank: int) -> str:
+        return self.topology.describe(rank) if self.topology else f"rank {rank}"
+
+    def lost_peers(self) -> list[int]:
+        """Ranks the launcher has reported dead (it writes hetrain/dead/<rank>)."""
+        if self.store is None:
+            return []
+        dead = []
+        try:
+            self.store.set_timeout(timedelta(seconds=2))
+            for r in range(self.world_size):
+                if self.store.check([f"hetrain/dead/{r}"]):
+                    dead.append(r)
+        except Exception:  # the store itself is gone: the launcher's node died
+            return []
+        return dead
+
+    def peer_error(self, what: str, suspects: list[int], err: BaseException) -> PeerLostError:
+        """Turn a gloo failure into a message that names the lost rank(s)."""
+        dead = self.lost_peers()
+        names = dead or suspects
+        who = ", ".join(self.describe(r) for r in names) or "an unknown peer"
+        verb = "died" if dead else "stopped answering or died"
+        return PeerLostError(
+            f"{self.describe(self.rank)}: lost {who} while {what}: the peer {verb}. "
+            f"The job cannot continue; restart it (from the last checkpoint). [{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+        )
+
+
+_CTX: Context | None = None
+
+
+def init() -> Context:
+    """Join the job described by the launcher's environment (idempotent).
+
+    Without a launcher environment this is a one-process job: push_pull only applies
+    the batch weighting, so the same script runs with `python script.py`.
+    """
+    global _CTX
+    if _CTX is not None:
+        return _CTX
+    env = ProcEnv.from_environ()
+    if env is None:
+        _CTX = Context(None, None, None, None, None)
+        return _CTX
+    cluster = ClusterSpec.model_validate_json(env.cluster_json)
+    topo = build_topology(cluster, env.comm.mode)
+    if topo.world_size != env.world_size:
+        raise UserError(f"launcher says world size {env.world_size} but cluster+mode give {topo.world_size}; "
+                        "all nodes must use the same cluster file and --mode")
+    me = topo.proc(env.rank)
+    iface = iface_for_address(me.machine.address)
+    if iface is None:
+        raise UserError(f"machine {me.machine.name} has address {me.machine.address}, which no local interface carries; "
+                        "fix `address` in the cluster file or run this node on that machine")
+    os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
+    timeout = env.comm.timeout_s
+    store = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=max(timeout, 30)))
+    admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
+                            world_size=env.world_size, timeout=timedelta(seconds=timeout))
+    worker_group = dist.new_group(topo.worker_ranks, timeout=timedelta(seconds=timeout))
+    _CTX = Context(env, cluster, topo, store, worker_group)
+    return _CTX
+
+
+def context() -> Context:
+    return init()
+
+
+def shutdown() -> None:
+    global _CTX
+    if _CTX is not None and _CTX.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+    _CTX = None

@@ -1,0 +1,73 @@
+"""The environment contract between the launcher and the processes it starts.
+
+The launcher sets these; `hetrain.init()` reads them. The torch conventions (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) are set too, so plain
+torch.distributed code keeps working inside a hetrain job.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+PREFIX = "HETRAIN_"
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """How push_pull moves gradients. Validated here so a bad flag fails at launch."""
+
+    mode: str = "byteps"
+    partition_bytes: int = 4_096_000  # BytePS default
+    credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
+    timeout_s: float = 60.0  # a lost peer is reported within this time
+
+    def __post_init__(self) -> None:
+        from ..errors import UserError
+        from .topology import MODES
+
+        if self.mode not in MODES:
+            raise UserError(f"unknown communication mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.partition_bytes < 1024:
+            raise UserError(f"partition_bytes={self.partition_bytes} is too small; use at least 1024 (BytePS uses 4096000)")
+        if self.credit_bytes < 0:
+            raise UserError("credit_bytes must be >= 0 (0 picks a default)")
+        if self.timeout_s <= 0:
+            raise UserError("timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class ProcEnv:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    cluster_json: str
+    comm: CommConfig = field(default_factory=CommConfig)
+    run_dir: str = "runs/latest"
+
+    def to_environ(self, secret: str) -> dict[str, str]:
+        env = {
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+            f"{PREFIX}RANK": str(self.rank), f"{PREFIX}WORLD_SIZE": str(self.world_size),
+            f"{PREFIX}MASTER_ADDR": self.master_addr, f"{PREFIX}MASTER_PORT": str(self.master_port),
+            f"{PREFIX}JOB_ID": self.job_id, f"{PREFIX}CLUSTER": self.cluster_json,
+            f"{PREFIX}COMM": json.dumps(asdict(self.comm)), f"{PREFIX}RUN_DIR": self.run_dir,
+            f"{PREFIX}SECRET": secret,
+        }
+        return env
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> "ProcEnv | None":
+        e = os.environ if environ is None else environ
+        if f"{PREFIX}RANK" not in e:
+            return None
+        return cls(
+            rank=int(e[f"{PREFIX}RANK"]), world_size=int(e[f"{PREFIX}WORLD_SIZE"]),
+            master_addr=e[f"{PREFIX}MASTER_ADDR"], master_port=int(e[f"{PREFIX}MASTER_PORT"]),
+            job_id=e[f"{PREFIX}JOB_ID"], cluster_json=e[f"{PREFIX}CLUSTER"],
+            comm=CommConfig(**json.loads(e.get(f"{PREFIX}COMM", "{}"))),
+            run_dir=e.get(f"{PREFIX}RUN_DIR", "runs/latest"),
+        )

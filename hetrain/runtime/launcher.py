@@ -1,0 +1,240 @@
+"""The single launcher: start every worker and summation server of a cluster.
+
+Locally it runs the whole cluster on this host (an *embedded* cluster). Across
+machines, the same command runs on each node with `--node-rank` and the master's
+address, torchrun-style: node 0 hosts the torch.distributed TCPStore (bound to the
+cluster address only) and every process rendezvouses through it. The launcher
+streams each process's output with a rank prefix; when a process fails it records
+the dead rank in the store (so the others can name it), gives the rest `timeout_s`
+to stop on their own, then stops them, and returns non-zero with the failing
+rank's error.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from ..cluster.spec import ClusterSpec
+from ..errors import UserError
+from .auth import new_secret
+from .env import CommConfig, ProcEnv
+from .topology import Proc, build_topology
+
+
+@dataclass
+class LaunchConfig:
+    cluster: ClusterSpec
+    argv: list[str]  # script.py args... or -m module args...
+    comm: CommConfig = field(default_factory=CommConfig)
+    node_rank: int | None = None  # None: run every node's processes here
+    master_addr: str | None = None
+    master_port: int = 0  # 0: pick a free one (single node only)
+    secret: str | None = None
+    run_dir: str | None = None
+    quiet: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
+        if self.node_rank is not None:
+            if not 0 <= self.node_rank < self.cluster.nnodes:
+                raise UserError(f"--node-rank {self.node_rank} is outside 0..{self.cluster.nnodes - 1} "
+                                f"(the cluster file assigns machines to {self.cluster.nnodes} node(s))")
+            if self.cluster.nnodes > 1 and (not self.master_addr or not self.master_port):
+                raise UserError("a multi-node launch needs --master-addr and --master-port (the same on every node)")
+
+
+@dataclass
+class Child:
+    proc: Proc
+    popen: subprocess.Popen
+    tail: deque = field(default_factory=lambda: deque(maxlen=60))
+    reader: threading.Thread | None = None
+
+
+def _listen(addr: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+    except OSError as err:
+        raise UserError(f"cannot listen on {addr}:{port} for the job's rendezvous store: {err}; "
+                        "pick another --master-port or check --master-addr is this node's cluster address") from None
+    sock.listen(512)
+    return sock
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Launcher:
+    def __init__(self, cfg: LaunchConfig):
+        self.cfg = cfg
+        self.children: list[Child] = []
+        self.job_id = uuid.uuid4().hex[:8]
+        self.netns = None
+        self._print_lock = threading.Lock()
+        self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
+
+    # ---- public -------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        cluster = cfg.cluster
+        emulate = cluster.network.emulate
+        if emulate == "auto":
+            from ..cluster.netns import netns_available
+            emulate = "netns" if netns_available() is None and cfg.node_rank is None else "none"
+        if emulate == "netns":
+            if cfg.node_rank is not None:
+                raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
+            from ..cluster.netns import NetnsCluster
+            self.netns = NetnsCluster(cluster)
+        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in old:
+            signal.signal(s, self._on_signal)
+        try:
+            if self.netns is not None:
+                cluster = self.netns.up()
+            return self._run(cluster)
+        finally:
+            self._stop_all(grace=3.0)
+            if self.netns is not None:
+                self.netns.down()
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ---- internals ----------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
+
+    def _run(self, cluster: ClusterSpec) -> int:
+        cfg = self.cfg
+        topo = build_topology(cluster, cfg.comm.mode)
+        local = [p for p in topo.procs if cfg.node_rank is None or p.machine.node == cfg.node_rank]
+        hosting = cfg.node_rank in (None, 0)
+        master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
+        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if cfg.node_rank is None else None)
+        if secret is None:
+            raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
+        import torch.distributed as dist  # deferred: `hetrain --help` stays fast
+
+        timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
+        if hosting:
+            sock = _listen(master_addr, cfg.master_port)
+            port = sock.getsockname()[1]
+            store = dist.TCPStore(master_addr, port, None, True, timeout=timeout, wait_for_workers=False,
+                                  master_listen_fd=sock.fileno())
+            store.set("hetrain/nonce", uuid.uuid4().hex)
+        else:
+            port = cfg.master_port
+            store = dist.TCPStore(master_addr, port, None, False, timeout=timeout)
+        self.store = store
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._log(f"hetrain: job {self.job_id}, mode {cfg.comm.mode}, {len(topo.workers)} workers + "
+                  f"{len(topo.servers)} summation servers; this node starts {len(local)} processes; "
+                  f"logs in {self.run_dir}")
+        for p in local:
+            env = dict(os.environ)
+            env.update(cfg.extra_env)
+            env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
+                               cluster.model_dump_json(), cfg.comm, str(self.run_dir)).to_environ(secret))
+            env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+            env["PYTHONUNBUFFERED"] = "1"
+            if p.role == "worker":
+                argv = [sys.executable, "-u", *cfg.argv]
+            else:
+                argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
+            if self.netns is not None:
+                argv = self.netns.wrap(p.machine.name, argv)
+            popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            child = Child(p, popen)
+            child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
+            child.reader.start()
+            self.children.append(child)
+        return self._monitor(topo)
+
+    def _pump(self, child: Child) -> None:
+        prefix = f"[{child.proc.rank}:{child.proc.label}]"
+        for raw in child.popen.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            child.tail.append(line)
+            if not self.cfg.quiet:
+                self._log(f"{prefix} {line}")
+
+    def _log(self, text: str) -> None:
+        with self._print_lock:
+            print(text, flush=True)
+
+    def _monitor(self, topo) -> int:
+        first: Child | None = None
+        deadline = None
+        while True:
+            running = [c for c in self.children if c.popen.poll() is None]
+            for c in self.children:
+                code = c.popen.returncode
+                if code not in (None, 0) and first is None:
+                    first = c
+                    try:
+                        self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))
+                    except Exception:
+                        pass
+                    self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({_describe_exit(code)}); "
+                              f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
+                    deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
+            if not running:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                self._log("hetrain: some processes did not stop in time; terminating them")
+                self._stop_all(grace=5.0)
+                break
+            time.sleep(0.1)
+        for c in self.children:
+            if c.reader:
+                c.reader.join(timeout=5)
+        if first is None:
+            self._log(f"hetrain: all {len(self.children)} processes finished")
+            return 0
+        tail = "\n".join(f"    {line}" for line in list(first.tail)[-15:])
+        self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({_describe_exit(first.popen.returncode)}). "
+                  f"Its last output:\n{tail}")
+        return 1
+
+    def _stop_all(self, grace: float) -> None:
+        alive = [c for c in self.children if c.popen.poll() is None]
+        for c in alive:
+            try:
+                os.killpg(c.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace
+        for c in alive:
+            try:
+                c.popen.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(c.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                c.popen.wait()
+
+
+def launch(cfg: LaunchConfig) -> int:
+    return Launcher(cfg).run()

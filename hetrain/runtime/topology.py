@@ -1,0 +1,103 @@
+"""Which processes a job runs, and their ranks, for a cluster and a communication mode.
+
+Ranks: workers 0..n-1 in cluster order, then summation servers: co-located ones (on
+worker machines, worker order) and then CPU-machine ones. Every node computes the same
+table from the same cluster file, so no cluster manager is needed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..cluster.spec import ClusterSpec, MachineSpec
+from ..errors import UserError
+from ..perf.comm import byteps_split, optimal_split
+
+Mode = Literal["byteps", "ps", "colocated", "allreduce"]
+MODES: tuple[str, ...] = ("byteps", "ps", "colocated", "allreduce")
+_MIN_SHARE = 1e-9
+
+
+@dataclass(frozen=True)
+class Proc:
+    rank: int
+    role: Literal["worker", "server"]
+    machine: MachineSpec
+    index: int  # worker index, or server index
+    share: float = 0.0  # servers: fraction of gradient bytes they sum
+
+    @property
+    def label(self) -> str:
+        return f"{self.machine.name}/{'w' if self.role == 'worker' else 's'}{self.index}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    mode: str
+    procs: tuple[Proc, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.procs)
+
+    @property
+    def workers(self) -> tuple[Proc, ...]:
+        return tuple(p for p in self.procs if p.role == "worker")
+
+    @property
+    def servers(self) -> tuple[Proc, ...]:
+        return tuple(p for p in self.procs if p.role == "server")
+
+    @property
+    def worker_ranks(self) -> list[int]:
+        return [p.rank for p in self.workers]
+
+    def proc(self, rank: int) -> Proc:
+        return self.procs[rank]
+
+    def describe(self, rank: int) -> str:
+        p = self.procs[rank]
+        return f"rank {rank} ({p.role} on machine {p.machine.name})"
+
+
+def server_shares(cluster: ClusterSpec, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Fraction of gradient bytes for each co-located and each CPU server.
+
+    byteps: the proven-optimal split (closed form for equal NICs, the LP of
+    `perf.comm.optimal_split` for uneven ones); ps: CPU servers only; colocated: worker
+    machines only (all-reduce-like traffic through servers).
+    """
+    wbw = np.array([m.bandwidth for m in cluster.workers])
+    cbw = np.array([m.bandwidth for m in cluster.cpu_machines])
+    n, k = len(wbw), len(cbw)
+    if mode == "allreduce":
+        return np.zeros(n), np.zeros(k)
+    if mode == "ps":
+        if k == 0:
+            raise UserError("mode 'ps' needs at least one cpu machine in the cluster; add one or use mode 'colocated'")
+        return np.zeros(n), cbw / cbw.sum()
+    if mode == "colocated":
+        split = optimal_split(1.0, wbw, np.zeros(0))
+        return split.gpu_bytes, np.zeros(k)
+    if mode != "byteps":
+        raise UserError(f"unknown communication mode {mode!r}; choose one of {', '.join(MODES)}")
+    if np.allclose(wbw, wbw[0]) and (k == 0 or np.allclose(cbw, wbw[0])):
+        m_cpu, m_gpu = byteps_split(n, k)
+        if k > n:
+            return np.zeros(n), np.full(k, 1.0 / k)
+        return np.full(n, m_gpu), np.full(k, m_cpu)
+    split = optimal_split(1.0, wbw, cbw)
+    return split.gpu_bytes, split.cpu_bytes
+
+
+def build_topology(cluster: ClusterSpec, mode: str = "byteps") -> Topology:
+    gpu_shares, cpu_shares = server_shares(cluster, mode)
+    procs: list[Proc] = [Proc(i, "worker", m, i) for i, m in enumerate(cluster.workers)]
+    servers = [(m, s) for m, s in zip(cluster.workers, gpu_shares) if s > _MIN_SHARE]
+    servers += [(m, s) for m, s in zip(cluster.cpu_machines, cpu_shares) if s > _MIN_SHARE]
+    total = sum(s for _, s in servers)
+    for j, (m, s) in enumerate(servers):
+        procs.append(Proc(len(procs), "server", m, j, s / total))
+    return Topology(mode, tuple(procs))
