@@ -28,7 +28,7 @@ def byteps_split(n: int, k: int, nbytes: float = 1.0) -> tuple[float, float]:
         raise ValueError(f"need n >= 1 worker machines and k >= 0 CPU machines, got n={n}, k={k}")
     if k > n:
         return nbytes / k, 0.0
-    if n == 1 and k == 0:
+    if n == 1:  # one worker machine: summing stays local, nothing crosses a NIC
         return 0.0, nbytes
     den = n * n + k * n - 2 * k
     return 2.0 * (n - 1) * nbytes / den, (n - k) * nbytes / den
@@ -36,7 +36,7 @@ def byteps_split(n: int, k: int, nbytes: float = 1.0) -> tuple[float, float]:
 
 def byteps_time(nbytes: float, n: int, k: int, bandwidth: float) -> float:
     """t_opt: the proven-optimal push_pull time; k=0 is ring all-reduce, k=n is PS."""
-    if n <= 1 and k == 0:
+    if n <= 1:
         return 0.0
     if k >= n:
         return nbytes / bandwidth
@@ -87,8 +87,8 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
         raise ValueError("need at least one worker machine")
     if np.any(worker_bw <= 0) or np.any(cpu_bw <= 0):
         raise ValueError("bandwidths must be positive")
-    if n == 1 and k == 0:
-        return SplitPlan(np.array([float(nbytes)]), np.zeros(0), 0.0)
+    if n == 1:
+        return SplitPlan(np.array([float(nbytes)]), np.zeros(k), 0.0)
     # variables: m_0..m_{n-1}, c_0..c_{k-1}, T   (in units of M, so the LP is well scaled)
     nv = n + k + 1
     cost = np.zeros(nv)

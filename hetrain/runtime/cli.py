@@ -76,7 +76,7 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
     _add_job_flags(d)
-    d.add_argument("--epochs", type=int, default=8)
+    d.add_argument("--epochs", type=int, default=10)
     d.set_defaults(func=_cmd_demo)
 
     n = sub.add_parser("netns", help="emulated-network housekeeping")

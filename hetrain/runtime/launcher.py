@@ -174,10 +174,13 @@ class Launcher:
     def _pump(self, child: Child) -> None:
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
         for raw in child.popen.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            child.tail.append(line)
-            if not self.cfg.quiet:
-                self._log(f"{prefix} {line}")
+            # progress bars redraw with \r: show each redraw as its own line
+            for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
+                if not line.strip():
+                    continue
+                child.tail.append(line)
+                if not self.cfg.quiet:
+                    self._log(f"{prefix} {line}")
 
     def _log(self, text: str) -> None:
         with self._print_lock:

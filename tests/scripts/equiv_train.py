@@ -1,0 +1,44 @@
+"""Train a few SGD steps with unequal per-worker batch sizes; save the parameters."""
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import hetrain
+
+sys.path.insert(0, str(Path(__file__).parent))
+from reference import STEPS, data, global_batch, make_model, shares  # noqa: E402
+
+out = Path(sys.argv[1])
+use_ddp = "--ddp" in sys.argv
+ctx = hetrain.init()
+rank, n = hetrain.rank(), hetrain.size()
+x, y = data()
+model = make_model()
+if use_ddp:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    state = hetrain.HookState()
+    ddp = DDP(model, process_group=ctx.worker_group, bucket_cap_mb=0.004)  # several buckets
+    ddp.register_comm_hook(state, hetrain.ddp_comm_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+else:
+    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=model.named_parameters())
+for step in range(STEPS):
+    idx = global_batch(step)
+    sizes = shares(len(idx), n)
+    lo = sum(sizes[:rank])
+    mine = idx[lo: lo + sizes[rank]]
+    opt.zero_grad()
+    if use_ddp:
+        state.batch_size = len(mine)
+        F.cross_entropy(ddp(x[mine]), y[mine]).backward()
+    else:
+        F.cross_entropy(model(x[mine]), y[mine]).backward()
+        opt.set_batch_size(len(mine))
+    opt.step()
+out.mkdir(parents=True, exist_ok=True)
+torch.save({k: v.clone() for k, v in model.state_dict().items()}, out / f"rank{rank}{'-ddp' if use_ddp else ''}.pt")
+hetrain.shutdown()
