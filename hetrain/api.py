@@ -152,6 +152,7 @@ def shutdown() -> None:
     if _ENGINE is not None:
         eng, _ENGINE = _ENGINE, None
         try:
-            eng.shutdown()
+            if not eng.ctx.failed:
+                eng.shutdown()
         finally:
             _context.shutdown()

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ..errors import UserError
 from ..runtime.context import Context, init
-from .layout import Manifest, exchange_manifests
+from .layout import Manifest, TensorMismatchError, exchange_manifests
 from .protocol import check_header, exchange_header
 from .server import plan_for
 
@@ -68,7 +68,11 @@ class PushPull:
                 h = exchange_header(digest=manifest.digest(), weight=int(weight), numel=manifest.numel, is_worker=True)
             except RuntimeError as err:
                 raise ctx.peer_error("exchanging the step header", [], err) from None
-            check_header(h, ctx.num_workers, manifest)
+            try:
+                check_header(h, ctx.num_workers, manifest)
+            except TensorMismatchError:
+                ctx.failed = True
+                raise
             if h.digest != self._digest:
                 exchange_manifests(manifest)
                 self._digest = h.digest
@@ -98,8 +102,11 @@ class PushPull:
 
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
-        if self.ctx.distributed and self._server_ranks:
-            exchange_header(stop=True, is_worker=True)
+        if self.ctx.distributed and self._server_ranks and not self.ctx.failed:
+            try:
+                exchange_header(stop=True, is_worker=True)
+            except RuntimeError as err:
+                raise self.ctx.peer_error("telling the servers the job is over", [], err) from None
 
     # ---- internals ----------------------------------------------------------------------
     def _manifest_for(self, named) -> Manifest:

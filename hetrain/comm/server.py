@@ -48,10 +48,17 @@ class SummationServer:
 
     def serve_forever(self) -> None:
         while True:
-            h = exchange_header(is_worker=False)
+            try:
+                h = exchange_header(is_worker=False)
+            except RuntimeError as err:
+                raise self.ctx.peer_error("waiting for the next step", [], err) from None
             if h.stops == len(self.workers):
                 return
-            check_header(h, len(self.workers), None)
+            try:
+                check_header(h, len(self.workers), None)
+            except Exception:
+                self.ctx.failed = True
+                raise
             if h.digest != self.digest:
                 exchange_manifests(None)  # workers publish the new layout; servers need only its size
                 self.digest = h.digest
@@ -87,7 +94,7 @@ def main() -> int:
     try:
         server.serve_forever()
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and not ctx.failed:
             dist.destroy_process_group()
     print(f"{ctx.describe(ctx.rank)}: served {server.steps} steps, summing took {server.busy_s:.3f}s", flush=True)
     return 0

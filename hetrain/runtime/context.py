@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ class Context:
     topology: Topology | None
     store: object | None
     worker_group: object | None
+    failed: bool = False  # a peer was lost: no more collectives, not even at shutdown
 
     @property
     def rank(self) -> int:
@@ -54,22 +56,29 @@ class Context:
     def describe(self, rank: int) -> str:
         return self.topology.describe(rank) if self.topology else f"rank {rank}"
 
-    def lost_peers(self) -> list[int]:
-        """Ranks the launcher has reported dead (it writes hetrain/dead/<rank>)."""
+    def lost_peers(self, wait_s: float = 3.0) -> list[int]:
+        """Ranks the launcher has reported dead (it writes hetrain/dead/<rank>).
+
+        A survivor often sees the broken connection before the launcher has reaped
+        the dead process, so give the launcher a moment to record it.
+        """
         if self.store is None:
             return []
-        dead = []
+        keys = [f"hetrain/dead/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + wait_s
         try:
             self.store.set_timeout(timedelta(seconds=2))
-            for r in range(self.world_size):
-                if self.store.check([f"hetrain/dead/{r}"]):
-                    dead.append(r)
+            while True:
+                dead = [r for r, k in enumerate(keys) if self.store.check([k])]
+                if dead or time.monotonic() > deadline:
+                    return dead
+                time.sleep(0.1)
         except Exception:  # the store itself is gone: the launcher's node died
             return []
-        return dead
 
     def peer_error(self, what: str, suspects: list[int], err: BaseException) -> PeerLostError:
         """Turn a gloo failure into a message that names the lost rank(s)."""
+        self.failed = True
         dead = self.lost_peers()
         names = dead or suspects
         who = ", ".join(self.describe(r) for r in names) or "an unknown peer"
@@ -123,6 +132,6 @@ def context() -> Context:
 
 def shutdown() -> None:
     global _CTX
-    if _CTX is not None and _CTX.distributed and dist.is_initialized():
+    if _CTX is not None and _CTX.distributed and dist.is_initialized() and not _CTX.failed:
         dist.destroy_process_group()
     _CTX = None

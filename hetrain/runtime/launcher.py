@@ -75,6 +75,10 @@ def _listen(addr: str, port: int) -> socket.socket:
     return sock
 
 
+def _is_consequence(child: "Child") -> bool:
+    return any("PeerLostError" in line or "Connection closed by peer" in line for line in child.tail)
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -191,9 +195,13 @@ class Launcher:
         deadline = None
         while True:
             running = [c for c in self.children if c.popen.poll() is None]
-            for c in self.children:
+            failed = [c for c in self.children if c.popen.returncode not in (None, 0)]
+            # several may be seen failing in one poll: blame the root cause, not the
+            # processes that failed because they lost it
+            failed.sort(key=lambda c: (_is_consequence(c), c.proc.rank))
+            for c in failed[:1]:
                 code = c.popen.returncode
-                if code not in (None, 0) and first is None:
+                if first is None:
                     first = c
                     try:
                         self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))

@@ -1,0 +1,54 @@
+"""Bad input and lost peers: clear errors on every rank, and nothing hangs."""
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from conftest import small_cluster
+from hetrain.runtime.auth import AuthError, admit
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["byteps", "allreduce"])
+def test_mismatched_tensors_named_on_every_rank(launch, mode):
+    rc, log, _ = launch("mismatch.py", mode=mode)
+    assert rc != 0
+    msg = "tensor 'b' has shape (3,) on rank(s) [0]; shape (4,) on rank(s) [1]"
+    assert log.count(msg) >= 2, log  # both workers (and the servers) say it
+    assert "unreachable" not in log
+    if mode == "byteps":
+        assert any(f"[{r}:" in line and msg in line for r in (2, 3, 4) for line in log.splitlines()), log
+
+
+@pytest.mark.slow
+def test_killed_worker_is_named_and_nothing_hangs(launch):
+    # limit=60 is the hang detector: the lost-peer timeout is 20 s
+    rc, log, _ = launch("die.py", cluster=small_cluster(workers=3, cpus=1), timeout=20, limit=90)
+    assert rc != 0
+    assert "rank 1 (worker on machine w1) failed (killed by SIGKILL)" in log
+    survivors = [line for line in log.splitlines() if "PeerLostError" in line and "lost rank 1 (worker on machine w1)" in line]
+    assert survivors, log
+    assert "unreachable" not in log
+
+
+def test_wrong_secret_is_refused():
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    store.set("hetrain/nonce", "n0")
+    errors = {}
+
+    def join(rank, secret):
+        try:
+            admit(dist.TCPStore("127.0.0.1", store.port, None, False, timeout=timedelta(seconds=10)),
+                  secret, rank, 2, 5)
+        except AuthError as err:
+            errors[rank] = str(err)
+
+    threads = [threading.Thread(target=join, args=(0, "good-secret-0123456")),
+               threading.Thread(target=join, args=(1, "wrong-secret-987654"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert "rank 1 did not present this job's shared secret" in errors[0]
+    assert "rank 0 did not present" in errors[1]
