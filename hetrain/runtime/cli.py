@@ -40,9 +40,7 @@ def _launch_config(args, argv: list[str]):
 def _cmd_launch(args) -> int:
     from .launcher import launch
 
-    argv = list(args.script)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
+    argv = (["-m"] if args.module else []) + [args.script, *args.script_args]
     return launch(_launch_config(args, argv))
 
 
@@ -71,7 +69,9 @@ def register(sub) -> None:
     p.add_argument("--master-addr", help="node 0's cluster address (hosts the rendezvous store)")
     p.add_argument("--master-port", type=int, default=0)
     p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
-    p.add_argument("script", nargs=argparse.REMAINDER, help="script.py [args] or -m module [args]")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
+    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_cmd_launch)
 
     d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
