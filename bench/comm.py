@@ -89,9 +89,6 @@ def run_case(cfile: Path, mode: str, sizes: list[int], repeats: int, partition: 
     raise RuntimeError(f"case {cfile.name} {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
 
 
-def partition_for(nbytes: int) -> int:
-    """~64 partitions per gradient: fine enough to pipeline through the servers."""
-    return max(64 * 1024, min(4_096_000, nbytes // 64))
 
 
 def main() -> int:
@@ -100,6 +97,8 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--rate", default="400mbit", help="NIC bandwidth of every machine")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--partition-bytes", type=int, default=262_144,
+                    help="BytePS's 4 MB default suits 100 MB+ gradients; these are 8-64 MB")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
@@ -120,30 +119,31 @@ def main() -> int:
     sizes = [8_000_000, 32_000_000] if args.quick else [8_000_000, 32_000_000, 64_000_000]
     repeats = 3 if args.quick else args.repeats
     ks = [0, 1, 2, 4]
+    partition = args.partition_bytes
     modes_for = (lambda k: ["byteps"]) if args.quick else (lambda k: ["byteps", "colocated"] + (["ps"] if k else []))
     cases = []
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         # DDP / all-reduce do not use CPU machines: measure them once on the n workers
-        base = {}
-        for nbytes in sizes:
-            res = run_case(cluster_file(n, 0, args.rate, tmp), "allreduce", [nbytes], repeats, partition_for(nbytes), True)
-            base[nbytes] = res[str(nbytes)]
+        base = run_case(cluster_file(n, 0, args.rate, tmp), "allreduce", sizes, repeats, partition, True)
         from tqdm import tqdm
 
-        jobs = [(k, mode, nbytes) for k in ks for mode in modes_for(k) for nbytes in sizes]
-        for k, mode, nbytes in tqdm(jobs, desc="cases", file=sys.stderr):
-            res = run_case(cluster_file(n, k, args.rate, tmp), mode, [nbytes], repeats, partition_for(nbytes), False)
-            cases.append({"n": n, "k": k, "mode": mode, "bytes": nbytes, "measured_s": res[str(nbytes)]["push_pull"],
-                          "t_opt_s": byteps_time(nbytes, n, k, bw), "ddp_s": base[nbytes]["ddp"],
-                          "theory_s": {"byteps": byteps_time(nbytes, n, k, bw),
-                                       "colocated": ring_allreduce_time(nbytes, n, bw),
-                                       "ps": ps_time(nbytes, n, max(k, 1), bw)}[mode]})
+        jobs = [(k, mode) for k in ks for mode in modes_for(k)]
+        for k, mode in tqdm(jobs, desc="cases", file=sys.stderr):
+            res = run_case(cluster_file(n, k, args.rate, tmp), mode, sizes, repeats, partition, False)
+            for nbytes in sizes:
+                cases.append({"n": n, "k": k, "mode": mode, "bytes": nbytes,
+                              "measured_s": res[str(nbytes)]["push_pull"], "all_s": res[str(nbytes)]["all"],
+                              "t_opt_s": byteps_time(nbytes, n, k, bw), "ddp_s": base[str(nbytes)]["ddp"],
+                              "theory_s": {"byteps": byteps_time(nbytes, n, k, bw),
+                                           "colocated": ring_allreduce_time(nbytes, n, bw),
+                                           "ps": ps_time(nbytes, n, max(k, 1), bw)}[mode]})
         for nbytes in sizes:
             cases.append({"n": n, "k": 0, "mode": "allreduce", "bytes": nbytes,
-                          "measured_s": base[nbytes]["push_pull"], "t_opt_s": byteps_time(nbytes, n, 0, bw),
-                          "ddp_s": base[nbytes]["ddp"], "theory_s": ring_allreduce_time(nbytes, n, bw)})
+                          "measured_s": base[str(nbytes)]["push_pull"], "all_s": base[str(nbytes)]["all"],
+                          "t_opt_s": byteps_time(nbytes, n, 0, bw), "ddp_s": base[str(nbytes)]["ddp"],
+                          "theory_s": ring_allreduce_time(nbytes, n, bw)})
     head = (f"{'k':>2} {'mode':<10}{'MB':>6}{'measured s':>12}{'theory s':>10}{'t_opt s':>9}{'meas/t_opt':>11}"
             f"{'DDP s':>8}{'DDP/meas':>9}{'ideal':>7}")
     print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf); "

@@ -56,3 +56,22 @@ def test_topology_modes():
     assert len(build_topology(c, "ps").servers) == 2
     assert len(build_topology(c, "colocated").servers) == 4
     assert build_topology(c, "allreduce").world_size == 4
+
+
+@settings(max_examples=100, deadline=None)
+@given(numel=st.integers(1, 500_000), n=st.integers(2, 6), k=st.integers(1, 6), part=st.integers(1_000, 200_000))
+def test_lanes_keep_the_split_and_equalise_flows(numel, n, k, part):
+    from hetrain.comm.partition import lanes_for, split_lanes
+
+    m_cpu, m_gpu = byteps_split(n, k)
+    shares = np.array([m_gpu] * n + [m_cpu] * k)
+    base = plan_partitions(numel, shares, part)
+    lanes = lanes_for(shares, max_lanes=8)
+    parts = split_lanes(base, lanes)
+    assert np.array_equal(bytes_per_server(parts, len(shares)), bytes_per_server(base, len(shares)))
+    assert [p.pid for p in parts] == list(range(len(parts)))
+    assert sum(p.length for p in parts) == numel and all(p.lane < lanes[p.server] for p in parts)
+    if k < n and numel > 100 * part:  # bytes per connection about equal across servers
+        per_flow = [bytes_per_server([p for p in parts if p.server == j], len(shares))[j] / lanes[j]
+                    for j in range(len(shares)) if shares[j] > 0]
+        assert max(per_flow) / min(per_flow) < 1.6

@@ -148,8 +148,9 @@ class PushPull:
             while inflight and used + p.length > self._credit_elems:
                 used -= self._retire(inflight.popleft())
             dst = self._server_ranks[p.server]
-            s = dist.isend(self._send[p.start: p.start + p.length], dst=dst, tag=p.pid)
-            r = dist.irecv(self._recv[p.start: p.start + p.length], src=dst, tag=p.pid)
+            g = self.ctx.lane(p.lane)
+            s = dist.isend(self._send[p.start: p.start + p.length], dst=dst, tag=p.pid, group=g)
+            r = dist.irecv(self._recv[p.start: p.start + p.length], src=dst, tag=p.pid, group=g)
             inflight.append((p, dst, s, r))
             used += p.length
         while inflight:

@@ -21,6 +21,7 @@ class Partition:
     server: int  # server index (not rank)
     start: int  # element offset in the flat buffer
     length: int  # elements
+    lane: int = 0  # which parallel connection to the server carries it
 
 
 def largest_remainder(total: int, shares: np.ndarray) -> np.ndarray:
@@ -62,6 +63,29 @@ def plan_partitions(numel: int, shares: np.ndarray, partition_elems: int) -> lis
                 offset += length
     assert offset == numel
     return parts
+
+
+def split_lanes(parts: list[Partition], lanes: list[int]) -> list[Partition]:
+    """Cut each partition of server j into lanes[j] pieces, one per parallel connection.
+
+    TCP shares a NIC equally per connection, but the BytePS optimum gives a CPU server
+    several times the bytes of a co-located one. With lanes ∝ share, every connection
+    carries about the same bytes, so fair sharing yields the optimal rates.
+    """
+    out: list[Partition] = []
+    for p in parts:
+        k = max(1, min(lanes[p.server], p.length))
+        bounds = [p.start + (p.length * i) // k for i in range(k + 1)]
+        for lane in range(k):
+            out.append(Partition(len(out), p.server, bounds[lane], bounds[lane + 1] - bounds[lane], lane))
+    return out
+
+
+def lanes_for(shares: np.ndarray, max_lanes: int = 8) -> list[int]:
+    """Parallel connections per server, proportional to its share (at least 1)."""
+    shares = np.asarray(shares, dtype=float)
+    smallest = shares[shares > 0].min()
+    return [int(min(max_lanes, max(1, round(s / smallest)))) if s > 0 else 1 for s in shares]
 
 
 def bytes_per_server(parts: list[Partition], num_servers: int, itemsize: int = 4) -> np.ndarray:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..runtime.context import Context, init
 from .layout import Manifest, exchange_manifests
-from .partition import Partition, plan_partitions
+from .partition import Partition, lanes_for, plan_partitions, split_lanes
 from .protocol import check_header, exchange_header
 
 
@@ -23,7 +23,7 @@ def plan_for(ctx: Context, numel: int) -> list[Partition]:
     """The partition plan every rank derives from the same manifest size and shares."""
     shares = np.array([p.share for p in ctx.topology.servers])
     elems = max(1, ctx.comm.partition_bytes // 4)
-    return plan_partitions(numel, shares, elems)
+    return split_lanes(plan_partitions(numel, shares, elems), lanes_for(shares, ctx.comm.max_lanes))
 
 
 class SummationServer:
@@ -69,7 +69,8 @@ class SummationServer:
     def _round(self) -> None:
         recvs = []
         for p, buf in zip(self.mine, self.bufs):
-            recvs.append([dist.irecv(buf[i], src=w, tag=p.pid) for i, w in enumerate(self.workers)])
+            g = self.ctx.lane(p.lane)
+            recvs.append([dist.irecv(buf[i], src=w, tag=p.pid, group=g) for i, w in enumerate(self.workers)])
         sends = []
         for p, buf, total, works in zip(self.mine, self.bufs, self.sums, recvs):
             for w, work in zip(self.workers, works):
@@ -77,7 +78,8 @@ class SummationServer:
             t0 = time.perf_counter()
             torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
             self.busy_s += time.perf_counter() - t0
-            sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid)) for w in self.workers)
+            g = self.ctx.lane(p.lane)
+            sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid, group=g)) for w in self.workers)
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")
 

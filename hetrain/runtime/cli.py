@@ -14,6 +14,8 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition-bytes", type=int, default=4_096_000)
     p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker (0: 2 partitions per server)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
+    p.add_argument("--max-lanes", type=int, default=4,
+                   help="parallel connections per summation server, proportional to its byte share")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -28,7 +30,7 @@ def _launch_config(args, argv: list[str]):
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
     comm = CommConfig(mode=args.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, max_lanes=args.max_lanes)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

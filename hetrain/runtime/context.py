@@ -28,6 +28,11 @@ class Context:
     store: object | None
     worker_group: object | None
     failed: bool = False  # a peer was lost: no more collectives, not even at shutdown
+    lanes: list = None  # extra process groups = extra parallel connections to servers
+
+    def lane(self, index: int):
+        """The process group carrying lane `index` (0 = the default group)."""
+        return None if index == 0 or not self.lanes else self.lanes[index - 1]
 
     @property
     def rank(self) -> int:
@@ -122,7 +127,13 @@ def init() -> Context:
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timedelta(seconds=timeout))
     worker_group = dist.new_group(topo.worker_ranks, timeout=timedelta(seconds=timeout))
-    _CTX = Context(env, cluster, topo, store, worker_group)
+    lanes = []
+    if topo.servers:
+        from ..comm.partition import lanes_for
+
+        extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
+        lanes = [dist.new_group(list(range(env.world_size)), timeout=timedelta(seconds=timeout)) for _ in range(extra)]
+    _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes)
     return _CTX
 
 

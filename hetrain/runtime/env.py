@@ -21,6 +21,7 @@ class CommConfig:
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
     timeout_s: float = 60.0  # a lost peer is reported within this time
+    max_lanes: int = 4  # parallel connections per server, ∝ its share (1 = one per pair)
 
     def __post_init__(self) -> None:
         from ..errors import UserError
@@ -34,6 +35,8 @@ class CommConfig:
             raise UserError("credit_bytes must be >= 0 (0 picks a default)")
         if self.timeout_s <= 0:
             raise UserError("timeout_s must be positive")
+        if not 1 <= self.max_lanes <= 16:
+            raise UserError(f"max_lanes={self.max_lanes} must be between 1 and 16")
 
 
 @dataclass(frozen=True)
