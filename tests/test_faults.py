@@ -52,3 +52,51 @@ def test_wrong_secret_is_refused():
         t.join(20)
     assert "rank 1 did not present this job's shared secret" in errors[0]
     assert "rank 0 did not present" in errors[1]
+
+
+@pytest.mark.slow
+def test_hung_server_is_named_after_the_timeout(tmp_path):
+    """A server that stops answering (SIGSTOP) makes the workers fail within the timeout."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from conftest import SCRIPTS
+
+    cfile = tmp_path / "c.yaml"
+    cfile.write_text(yaml.safe_dump(small_cluster(workers=2, cpus=1)))
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "ps", "--timeout", "5",
+           "--run-dir", str(run_dir), str(SCRIPTS / "steps.py")]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in proc.stdout:  # wait until training runs
+        lines.append(line)
+        if "step 10" in line:
+            break
+    server = None
+    for pid in filter(str.isdigit, os.listdir("/proc")):  # the job's server: rank 2, our run dir
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"HETRAIN_RUN_DIR={run_dir}".encode() in environ and b"HETRAIN_RANK=2" in environ:
+            server = int(pid)
+    assert server is not None, "".join(lines)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        out, _ = proc.communicate(timeout=90)  # the hang detector
+    finally:
+        try:
+            os.kill(server, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    log = "".join(lines) + out
+    assert proc.returncode != 0
+    assert "lost rank 2 (server on machine c0)" in log and "stopped answering or died" in log, log

@@ -87,6 +87,9 @@ class PushPull:
             return
         self._fill(named, scale)
         if ctx.comm.mode == "allreduce":
+            if ctx.bucket is not None:  # a ring moves 2(n-1)/n of the buffer through each uplink
+                n = ctx.num_workers
+                ctx.bucket.consume(int(2 * (n - 1) / n * self._send.numel() * 4))
             try:
                 dist.all_reduce(self._send, group=ctx.worker_group)
             except RuntimeError as err:
@@ -149,6 +152,7 @@ class PushPull:
                 used -= self._retire(inflight.popleft())
             dst = self._server_ranks[p.server]
             g = self.ctx.lane(p.lane)
+            self.ctx.pace(dst, p.length * 4)
             s = dist.isend(self._send[p.start: p.start + p.length], dst=dst, tag=p.pid, group=g)
             r = dist.irecv(self._recv[p.start: p.start + p.length], src=dst, tag=p.pid, group=g)
             inflight.append((p, dst, s, r))

@@ -79,6 +79,8 @@ class SummationServer:
             torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
             self.busy_s += time.perf_counter() - t0
             g = self.ctx.lane(p.lane)
+            for w in self.workers:
+                self.ctx.pace(w, p.length * 4)
             sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid, group=g)) for w in self.workers)
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")

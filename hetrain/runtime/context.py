@@ -29,6 +29,13 @@ class Context:
     worker_group: object | None
     failed: bool = False  # a peer was lost: no more collectives, not even at shutdown
     lanes: list = None  # extra process groups = extra parallel connections to servers
+    bucket: object = None  # emulated uplink (cluster/ratelimit.py), when asked for
+    machine_name: str = ""
+
+    def pace(self, peer: int, nbytes: int) -> None:
+        """Charge a send to another machine against this machine's emulated uplink."""
+        if self.bucket is not None and self.topology.proc(peer).machine.name != self.machine_name:
+            self.bucket.consume(nbytes)
 
     def lane(self, index: int):
         """The process group carrying lane `index` (0 = the default group)."""
@@ -81,11 +88,28 @@ class Context:
         except Exception:  # the store itself is gone: the launcher's node died
             return []
 
+    def silent_peers(self, wait_s: float = 4.0) -> list[int]:
+        """After a collective timed out with no rank reported dead: every survivor posts
+        that it is stuck too; the ranks that never post are the ones that hang."""
+        if self.store is None:
+            return []
+        try:
+            self.store.set(f"hetrain/stuck/{self.rank}", "1")
+            others = [r for r in range(self.world_size) if r != self.rank]
+            deadline = time.monotonic() + wait_s
+            while True:
+                silent = [r for r in others if not self.store.check([f"hetrain/stuck/{r}"])]
+                if not silent or time.monotonic() > deadline:
+                    return silent if len(silent) < len(others) else []
+                time.sleep(0.2)
+        except Exception:
+            return []
+
     def peer_error(self, what: str, suspects: list[int], err: BaseException) -> PeerLostError:
         """Turn a gloo failure into a message that names the lost rank(s)."""
         self.failed = True
         dead = self.lost_peers()
-        names = dead or suspects
+        names = dead or suspects or self.silent_peers()
         who = ", ".join(self.describe(r) for r in names) or "an unknown peer"
         verb = "died" if dead else "stopped answering or died"
         return PeerLostError(
@@ -133,7 +157,10 @@ def init() -> Context:
 
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
         lanes = [dist.new_group(list(range(env.world_size)), timeout=timedelta(seconds=timeout)) for _ in range(extra)]
-    _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes)
+    from ..cluster.ratelimit import bucket_for
+
+    _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
+                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name)
     return _CTX
 
 

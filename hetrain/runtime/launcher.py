@@ -104,7 +104,12 @@ class Launcher:
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
-            emulate = "netns" if netns_available() is None and cfg.node_rank is None else "none"
+            emulate = "netns" if netns_available() is None and cfg.node_rank is None else "ratelimit"
+        self.ratelimit_dir = None
+        if emulate == "ratelimit":
+            import tempfile
+            self.ratelimit_dir = tempfile.mkdtemp(prefix=f"hetrain-{self.job_id}-",
+                                                  dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         if emulate == "netns":
             if cfg.node_rank is not None:
                 raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
@@ -121,6 +126,9 @@ class Launcher:
             self._stop_all(grace=3.0)
             if self.netns is not None:
                 self.netns.down()
+            if self.ratelimit_dir:
+                import shutil
+                shutil.rmtree(self.ratelimit_dir, ignore_errors=True)
             for s, h in old.items():
                 signal.signal(s, h)
 
@@ -160,6 +168,8 @@ class Launcher:
             env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
                                cluster.model_dump_json(), cfg.comm, str(self.run_dir)).to_environ(secret))
             env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+            if self.ratelimit_dir:
+                env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
             env["PYTHONUNBUFFERED"] = "1"
             if p.role == "worker":
                 argv = [sys.executable, "-u", *cfg.argv]
