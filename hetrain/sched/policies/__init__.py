@@ -83,6 +83,9 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     of the seed's heuristic): admitted jobs pick their type in order of *regret*, the
     seconds they would lose on their worst usable type versus their best, so jobs that
     gain most from fast GPUs (long jobs, jobs that run well on V100s) get them first.
+    A type is judged at the size the job may grow to there (an equal share of the pool
+    with the jobs already placed on it), not at its minimum: a job can be faster on a P100 than on a V100 alone
+    yet much faster on eight V100s.
     Estimates charge the restart cost when the type or size differs from the current one.
     """
     free = cluster.capacity.copy()
@@ -100,18 +103,34 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     if ntypes == 1:
         return {j.job_id: Alloc(0, j.min_gpus) for j in admitted}, count_free
     costs = []
+    # judge each type at the size a job could expect there: its fair share of the cluster
+    fair = max(1, cluster.total // max(1, len(admitted)))
     for job in admitted:
         cur = allocation.get(job.job_id)
-        c = np.array([job.est_time(Alloc(t, job.min_gpus), cur) for t in range(ntypes)])
+        c = np.full(ntypes, np.inf)
+        for t in range(ntypes):
+            n = job.feasible_n(t, min(max(fair, job.min_gpus), cluster.counts[t]))
+            if n:
+                c[t] = job.est_time(Alloc(t, n), cur)
         fin = c[np.isfinite(c)]
         costs.append((-(fin.max() - fin.min()), job.arrival, job.job_id, c, job))
     costs.sort(key=lambda x: x[:3])
     out: dict[int, Alloc] = {}
-    for _, _, jid, c, job in costs:
+    on_type = np.zeros(ntypes, dtype=np.int64)
+    for _, _, jid, _, job in costs:
         m = job.min_gpus
-        for t in np.argsort(c, kind="stable"):
-            if np.isfinite(c[t]) and free[t] >= m:
-                out[jid] = Alloc(int(t), m)
-                free[t] -= m
-                break
+        cur = allocation.get(jid)
+        best_t, best_c = -1, np.inf
+        for t in range(ntypes):
+            if free[t] < m:
+                continue
+            # the size this job may expect on t: an equal share with the jobs already there
+            n = job.feasible_n(t, max(m, cluster.counts[t] // (on_type[t] + 1)))
+            c = job.est_time(Alloc(t, n), cur) if n else np.inf
+            if c < best_c:
+                best_t, best_c = t, c
+        if best_t >= 0:
+            out[jid] = Alloc(best_t, m)
+            free[best_t] -= m
+            on_type[best_t] += 1
     return out, free
