@@ -141,19 +141,29 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
-def fit_ring(gpus: Sequence[int], step_times: Sequence[float], latency_term: bool = False) -> RingFit:
-    """Fit T(g) = a + b/g + c·2(g-1)/g (+ d·2(g-1)) to measured step times, coefficients >= 0."""
+def fit_ring(gpus: Sequence[int], step_times: Sequence[float], comm_s: float = 0.0,
+             latency_term: bool = False) -> RingFit:
+    """Fit T(g) = a + b/g + comm_s·2(g-1)/g (+ d·2(g-1)) to measured step times.
+
+    The bandwidth term 2(g-1)/g = 2 - 2/g is a combination of the other two columns, so
+    it cannot be told apart from them by step times alone: pass `comm_s` = M/B from the
+    model size and link bandwidth (the cost model in `comm`), and the fit finds the
+    fixed cost a, the split compute b and, optionally, the per-hop latency d (all >= 0).
+    """
     g = np.asarray(gpus, dtype=float)
     y = np.asarray(step_times, dtype=float)
     if g.shape != y.shape or len(g) == 0:
         raise ValueError("fit_ring needs as many step times as GPU counts (at least one)")
     if np.any(g < 1) or np.any(y <= 0):
         raise ValueError("GPU counts must be >= 1 and step times > 0")
-    cols = [np.ones_like(g), 1.0 / g, 2 * (g - 1) / g]
+    if comm_s < 0:
+        raise ValueError(f"comm_s must be >= 0, got {comm_s}")
+    resid = y - comm_s * 2 * (g - 1) / g
+    cols = [np.ones_like(g), 1.0 / g]
     if latency_term:
         cols.append(2 * (g - 1))
-    x = _nnls(np.stack(cols, axis=1), y)
-    return RingFit(float(x[0]), float(x[1]), float(x[2]), float(x[3]) if latency_term else 0.0)
+    x = _nnls(np.stack(cols, axis=1), resid)
+    return RingFit(float(x[0]), float(x[1]), float(comm_s), float(x[2]) if latency_term else 0.0)
 
 
 def rate_table(curve: ScalingCurve, gpu_types: Sequence[str], max_g: int) -> np.ndarray:
