@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     s.set_defaults(func=_simulate)
     r = sub.add_parser("run", help="run a small workload of real training jobs under a policy")
     r.add_argument("--policy", default="doubling")
-    r.add_argument("--cluster", default="cpu:4", help="emulated GPU pools, e.g. cpu:4")
+    r.add_argument("--cluster", default="cpu:2", help="emulated GPU pool on this host, e.g. cpu:2 (one process per GPU)")
     r.add_argument("--workdir", default="sched-run", help="checkpoints and logs go here")
     r.add_argument("--json", help="write the measured and simulated JCTs here")
     r.set_defaults(func=_run)

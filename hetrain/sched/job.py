@@ -39,6 +39,7 @@ class Job:
     restart_cost: float = 10.0    # seconds lost per stop + restart
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
+    start_cost: float = 0.0       # seconds before the first step of a cold start
 
     def __post_init__(self) -> None:
         if self.remaining < 0:

@@ -165,6 +165,7 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
             else:
                 job.started = True
                 start[i] = now
+                pause_until[i] = now + job.start_cost
             rate[i] = job.rate(new_a)
         alloc = dict(new)
         used[:] = 0
