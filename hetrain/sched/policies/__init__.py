@@ -90,47 +90,84 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     """
     free = cluster.capacity.copy()
     ntypes = len(cluster.types)
+    caps = list(cluster.counts)
     running = sorted((j for j in jobs if j.job_id in allocation), key=lambda j: (j.arrival, j.job_id))
     waiting = sorted((j for j in jobs if j.job_id not in allocation), key=lambda j: (j.arrival, j.job_id))
-    admitted: list[Job] = []
-    count_free = free.copy()
-    for job in running + waiting:
-        m = job.min_gpus
-        ok = np.flatnonzero((count_free >= m) & (job.rates[:, m] > 0))
-        if len(ok):
-            admitted.append(job)
-            count_free[ok[np.argmax(count_free[ok])]] -= m
-    if ntypes == 1:
-        return {j.job_id: Alloc(0, j.min_gpus) for j in admitted}, count_free
-    costs = []
-    # judge each type at the size a job could expect there: its fair share of the cluster
-    fair = max(1, cluster.total // max(1, len(admitted)))
-    for job in admitted:
-        cur = allocation.get(job.job_id)
-        c = np.full(ntypes, np.inf)
+    order = running + waiting
+    if not order:
+        return {}, free
+    # dense tables over the jobs: rates R[j, t, n], largest usable count <= n F[j, t, n],
+    # estimated completion C[j, t, n] (restart charged off the current allocation)
+    width = max(j.rates.shape[1] for j in order)
+    nj = len(order)
+    rates = np.zeros((nj, ntypes, width))
+    mins = np.empty(nj, dtype=np.int64)
+    rem = np.empty(nj)
+    penalty = np.zeros(nj)
+    cur_t = np.full(nj, -1)
+    cur_n = np.full(nj, -1)
+    for i, j in enumerate(order):
+        rates[i, :, :j.rates.shape[1]] = j.rates
+        mins[i] = j.min_gpus
+        rem[i] = j.remaining
+        if j.started:
+            penalty[i] = j.restart_cost
+        a = allocation.get(j.job_id)
+        if a is not None:
+            cur_t[i], cur_n[i] = a.type, a.n
+    ks = np.arange(width)
+    usable = (rates > 0) & (ks[None, None, :] >= mins[:, None, None])
+    feas = np.maximum.accumulate(np.where(usable, ks[None, None, :], 0), axis=2)
+    count_free = list(caps)
+    admitted: list[int] = []
+    feas_min = feas[np.arange(nj), :, np.minimum(mins, width - 1)]  # (nj, ntypes)
+    ok_min = (feas_min == mins[:, None]).tolist()
+    for i in range(nj):
+        m = int(mins[i])
+        best_t, best_free = -1, -1
         for t in range(ntypes):
-            n = job.feasible_n(t, min(max(fair, job.min_gpus), cluster.counts[t]))
-            if n:
-                c[t] = job.est_time(Alloc(t, n), cur)
-        fin = c[np.isfinite(c)]
-        costs.append((-(fin.max() - fin.min()), job.arrival, job.job_id, c, job))
-    costs.sort(key=lambda x: x[:3])
+            if ok_min[i][t] and count_free[t] >= m and count_free[t] > best_free:
+                best_t, best_free = t, count_free[t]
+        if best_t >= 0:
+            admitted.append(i)
+            count_free[best_t] -= m
+    if ntypes == 1:
+        return {order[i].job_id: Alloc(0, int(mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
+    adm = np.array(admitted, dtype=np.int64)
+    with np.errstate(divide="ignore"):
+        cost = np.where(rates[adm] > 0, rem[adm, None, None] / np.where(rates[adm] > 0, rates[adm], 1.0), np.inf)
+    same = (ks[None, None, :] == cur_n[adm, None, None]) & (np.arange(ntypes)[None, :, None] == cur_t[adm, None, None])
+    cost = cost + np.where(same, 0.0, penalty[adm, None, None])
+    f = feas[adm]
+    # judge each type at the size a job could expect there: its fair share of the cluster
+    fair = max(1, cluster.total // max(1, len(adm)))
+    want = np.minimum(np.maximum(fair, mins[adm])[:, None], np.array(caps)[None, :])
+    want = np.minimum(want, width - 1)
+    n_fair = np.take_along_axis(f, want[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.take_along_axis(cost, n_fair[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.where(n_fair > 0, c_fair, np.inf)
+    fin = np.isfinite(c_fair)
+    regret = np.where(fin.any(axis=1), np.where(fin, c_fair, -np.inf).max(axis=1) - np.where(fin, c_fair, np.inf).min(axis=1), 0.0)
+    arr = np.array([order[i].arrival for i in adm])
+    ids = np.array([order[i].job_id for i in adm])
+    rank = np.lexsort((ids, arr, -regret))
+    f_l, c_l = f.tolist(), cost.tolist()
     out: dict[int, Alloc] = {}
-    on_type = np.zeros(ntypes, dtype=np.int64)
-    for _, _, jid, _, job in costs:
-        m = job.min_gpus
-        cur = allocation.get(jid)
+    on_type = [0] * ntypes
+    for k in rank.tolist():
+        i = int(adm[k])
+        m = int(mins[i])
         best_t, best_c = -1, np.inf
         for t in range(ntypes):
             if free[t] < m:
                 continue
             # the size this job may expect on t: an equal share with the jobs already there
-            n = job.feasible_n(t, max(m, cluster.counts[t] // (on_type[t] + 1)))
-            c = job.est_time(Alloc(t, n), cur) if n else np.inf
+            n = f_l[k][t][min(max(m, caps[t] // (on_type[t] + 1)), width - 1)]
+            c = c_l[k][t][n] if n else np.inf
             if c < best_c:
                 best_t, best_c = t, c
         if best_t >= 0:
-            out[jid] = Alloc(best_t, m)
+            out[order[i].job_id] = Alloc(best_t, m)
             free[best_t] -= m
             on_type[best_t] += 1
     return out, free
