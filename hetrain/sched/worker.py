@@ -123,7 +123,9 @@ def main(argv=None) -> int:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         times.append(time.perf_counter() - t0)
         if rank == 0:
-            (job_dir / "progress").write_text(f"{step} {time.time():.6f}\n")
+            tmp = job_dir / "progress.tmp"
+            tmp.write_text(f"{step} {time.time():.6f}\n")
+            os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
         if flag.item() > 0 and step < args.steps:
             code = EXIT_STOPPED
             break
