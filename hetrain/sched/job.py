@@ -1,0 +1,100 @@
+"""A schedulable job: work to do, how fast it goes on each GPU type and count, bounds
+on its size, and what a stop/restart costs. Rates come from `hetrain.perf.jobs`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import UserError
+from ..perf.jobs import ScalingCurve, rate_table
+from .cluster import GpuCluster
+
+
+class Alloc(NamedTuple):
+    """`n` GPUs of the cluster's type number `type` (a job never mixes types in one ring)."""
+
+    type: int
+    n: int
+
+
+Allocation = dict[int, Alloc]  # job_id -> Alloc; absent means no GPUs (waiting)
+
+
+class JobError(UserError):
+    """A job that cannot run on the cluster."""
+
+
+@dataclass
+class Job:
+    job_id: int
+    name: str
+    arrival: float
+    work: float                   # total work units
+    rates: np.ndarray             # rates[type, g], work units / s, column 0 is zero
+    requested: int = 1            # GPUs asked for (fifo / srtf give this)
+    min_gpus: int = 1
+    max_gpus: int = 8
+    restart_cost: float = 10.0    # seconds lost per stop + restart
+    remaining: float = field(default=-1.0)
+    started: bool = False         # has run before: a new size costs a restart
+    start_cost: float = 0.0       # seconds before the first step of a cold start
+
+    def __post_init__(self) -> None:
+        if self.remaining < 0:
+            self.remaining = self.work
+        self.max_gpus = min(self.max_gpus, self.rates.shape[1] - 1)
+
+    def rate(self, a: Alloc | None) -> float:
+        if a is None or a.n <= 0 or a.n > self.max_gpus:
+            return 0.0
+        return float(self.rates[a.type, a.n])
+
+    def feasible_n(self, t: int, n: int) -> int:
+        """Largest count <= n that runs on type t (0 if none down to min_gpus)."""
+        n = min(n, self.max_gpus)
+        while n >= self.min_gpus and self.rates[t, n] <= 0:
+            n -= 1
+        return n if n >= self.min_gpus else 0
+
+    def est_time(self, a: Alloc, current: Alloc | None) -> float:
+        """Estimated seconds to finish from now at allocation a (restart charged on a change)."""
+        r = self.rate(a)
+        if r <= 0:
+            return float("inf")
+        penalty = self.restart_cost if (self.started and a != current) else 0.0
+        return penalty + self.remaining / r
+
+    def best_type_order(self, n: int) -> list[int]:
+        """Types sorted fastest first for this job at n GPUs (or at its feasible size)."""
+        col = self.rates[:, min(max(n, 1), self.rates.shape[1] - 1)]
+        return [int(i) for i in np.argsort(-col, kind="stable")]
+
+
+def make_job(job_id: int, name: str, arrival: float, work: float, curve: ScalingCurve,
+             cluster: GpuCluster, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
+             restart_cost: float = 10.0, where: str = "") -> Job:
+    """Bind a job to a cluster (dense rate table) and check it can run there at all."""
+    at = f"{where}: " if where else ""
+    if requested < 1 or min_gpus < 1:
+        raise JobError(f"{at}job {name!r} must ask for at least 1 GPU (asked {requested}, min {min_gpus})")
+    if requested > cluster.largest_pool:
+        raise JobError(f"{at}job {name!r} asks for {requested} GPUs but the largest GPU pool of "
+                       f"cluster {cluster.spec} has {cluster.largest_pool}; ask for fewer or add GPUs")
+    if work <= 0:
+        raise JobError(f"{at}job {name!r} needs positive work, got {work}")
+    top = max(curve.max_gpus(t) for t in cluster.types)
+    cap = cluster.largest_pool if max_gpus is None else min(max_gpus, cluster.largest_pool)
+    table = rate_table(curve, cluster.types, max(1, min(top, cap)))
+    if not np.any(table[:, min_gpus:] > 0) or min_gpus > table.shape[1] - 1:
+        raise JobError(f"{at}job {name!r} cannot run on any GPU type of cluster {cluster.spec} "
+                       f"with >= {min_gpus} GPUs (no measured throughput)")
+    if min_gpus > requested:
+        raise JobError(f"{at}job {name!r}: min_gpus {min_gpus} is larger than the {requested} GPUs asked for")
+    return Job(job_id, name, float(arrival), float(work), table, requested=requested, min_gpus=min_gpus,
+               max_gpus=table.shape[1] - 1, restart_cost=float(restart_cost))
+
+
+def mean_jct(jobs_finish: dict[int, float], jobs: list[Job]) -> float:
+    return float(np.mean([jobs_finish[j.job_id] - j.arrival for j in jobs]))

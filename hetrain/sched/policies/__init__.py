@@ -1,0 +1,173 @@
+"""Scheduling policies. Every policy has the same signature, used by the simulator
+and the live executor alike:
+
+    policy(jobs, cluster, allocation, now) -> allocation
+
+`jobs` are the active jobs (arrived, unfinished; `remaining` is current), `allocation`
+maps job_id -> Alloc(type, n) for the jobs that hold GPUs now, and the result is the
+new allocation (absent = no GPUs). Policies are pure functions of their arguments.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...errors import UserError
+from ..cluster import GpuCluster
+from ..job import Alloc, Allocation, Job
+
+Policy = Callable[[Sequence[Job], GpuCluster, Allocation, float], Allocation]
+_REGISTRY: dict[str, Policy] = {}
+
+
+def register(name: str):
+    def deco(fn: Policy) -> Policy:
+        _REGISTRY[name] = fn
+        fn.policy_name = name  # type: ignore[attr-defined]
+        return fn
+    return deco
+
+
+def get_policy(name: str) -> Policy:
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UserError(f"unknown policy {name!r}; choose one of {', '.join(policy_names())}") from None
+
+
+def policy_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def _load_all() -> None:
+    from . import doubling, fifo, optimal, srtf  # noqa: F401  (modules register themselves)
+
+
+def check_allocation(jobs: Sequence[Job], cluster: GpuCluster, alloc: Allocation) -> None:
+    """Raise if an allocation exceeds a pool, breaks a job's bounds or names an unknown job."""
+    used = np.zeros(len(cluster.types), dtype=np.int64)
+    by_id = {j.job_id: j for j in jobs}
+    for jid, a in alloc.items():
+        job = by_id.get(jid)
+        if job is None:
+            raise RuntimeError(f"allocation names job {jid}, which is not active")
+        if not (job.min_gpus <= a.n <= job.max_gpus) or job.rate(a) <= 0:
+            raise RuntimeError(f"job {jid} got {a.n} GPUs of type {a.type}: outside its bounds or unmeasured")
+        used[a.type] += a.n
+    if np.any(used > cluster.capacity):
+        raise RuntimeError(f"allocation uses {used.tolist()} GPUs, more than the cluster's {list(cluster.counts)}")
+
+
+def type_weights(jobs: Sequence[Job], ntypes: int) -> np.ndarray:
+    """Average relative speed of each GPU type over the jobs (1 = every job's fastest)."""
+    if not jobs:
+        return np.ones(ntypes)
+    r1 = np.stack([j.rates[:, 1] for j in jobs])
+    best = r1.max(axis=1, keepdims=True)
+    best[best <= 0] = 1.0
+    w = (r1 / best).mean(axis=0)
+    w[w <= 0] = 1e-9
+    return w
+
+
+def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Allocation
+                     ) -> tuple[dict[int, Alloc], np.ndarray]:
+    """Give jobs their minimum size on one GPU type each; returns the tentative
+    allocation and the free GPUs per type.
+
+    Who is admitted: running jobs first, then waiting jobs in arrival order, until no
+    pool has room for the next one's minimum. Which type (the heterogeneous extension
+    of the seed's heuristic): admitted jobs pick their type in order of *regret*, the
+    seconds they would lose on their worst usable type versus their best, so jobs that
+    gain most from fast GPUs (long jobs, jobs that run well on V100s) get them first.
+    A type is judged at the size the job may grow to there (an equal share of the pool
+    with the jobs already placed on it), not at its minimum: a job can be faster on a P100 than on a V100 alone
+    yet much faster on eight V100s.
+    Estimates charge the restart cost when the type or size differs from the current one.
+    """
+    free = cluster.capacity.copy()
+    ntypes = len(cluster.types)
+    caps = list(cluster.counts)
+    running = sorted((j for j in jobs if j.job_id in allocation), key=lambda j: (j.arrival, j.job_id))
+    waiting = sorted((j for j in jobs if j.job_id not in allocation), key=lambda j: (j.arrival, j.job_id))
+    order = running + waiting
+    if not order:
+        return {}, free
+    # dense tables over the jobs: rates R[j, t, n], largest usable count <= n F[j, t, n],
+    # estimated completion C[j, t, n] (restart charged off the current allocation)
+    width = max(j.rates.shape[1] for j in order)
+    nj = len(order)
+    rates = np.zeros((nj, ntypes, width))
+    mins = np.empty(nj, dtype=np.int64)
+    rem = np.empty(nj)
+    penalty = np.zeros(nj)
+    cur_t = np.full(nj, -1)
+    cur_n = np.full(nj, -1)
+    for i, j in enumerate(order):
+        rates[i, :, :j.rates.shape[1]] = j.rates
+        mins[i] = j.min_gpus
+        rem[i] = j.remaining
+        if j.started:
+            penalty[i] = j.restart_cost
+        a = allocation.get(j.job_id)
+        if a is not None:
+            cur_t[i], cur_n[i] = a.type, a.n
+    ks = np.arange(width)
+    usable = (rates > 0) & (ks[None, None, :] >= mins[:, None, None])
+    feas = np.maximum.accumulate(np.where(usable, ks[None, None, :], 0), axis=2)
+    count_free = list(caps)
+    admitted: list[int] = []
+    feas_min = feas[np.arange(nj), :, np.minimum(mins, width - 1)]  # (nj, ntypes)
+    ok_min = (feas_min == mins[:, None]).tolist()
+    for i in range(nj):
+        m = int(mins[i])
+        best_t, best_free = -1, -1
+        for t in range(ntypes):
+            if ok_min[i][t] and count_free[t] >= m and count_free[t] > best_free:
+                best_t, best_free = t, count_free[t]
+        if best_t >= 0:
+            admitted.append(i)
+            count_free[best_t] -= m
+    if ntypes == 1:
+        return {order[i].job_id: Alloc(0, int(mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
+    adm = np.array(admitted, dtype=np.int64)
+    with np.errstate(divide="ignore"):
+        cost = np.where(rates[adm] > 0, rem[adm, None, None] / np.where(rates[adm] > 0, rates[adm], 1.0), np.inf)
+    same = (ks[None, None, :] == cur_n[adm, None, None]) & (np.arange(ntypes)[None, :, None] == cur_t[adm, None, None])
+    cost = cost + np.where(same, 0.0, penalty[adm, None, None])
+    f = feas[adm]
+    # judge each type at the size a job could expect there: its fair share of the cluster
+    fair = max(1, cluster.total // max(1, len(adm)))
+    want = np.minimum(np.maximum(fair, mins[adm])[:, None], np.array(caps)[None, :])
+    want = np.minimum(want, width - 1)
+    n_fair = np.take_along_axis(f, want[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.take_along_axis(cost, n_fair[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.where(n_fair > 0, c_fair, np.inf)
+    fin = np.isfinite(c_fair)
+    regret = np.where(fin.any(axis=1), np.where(fin, c_fair, -np.inf).max(axis=1) - np.where(fin, c_fair, np.inf).min(axis=1), 0.0)
+    arr = np.array([order[i].arrival for i in adm])
+    ids = np.array([order[i].job_id for i in adm])
+    rank = np.lexsort((ids, arr, -regret))
+    f_l, c_l = f.tolist(), cost.tolist()
+    out: dict[int, Alloc] = {}
+    on_type = [0] * ntypes
+    for k in rank.tolist():
+        i = int(adm[k])
+        m = int(mins[i])
+        best_t, best_c = -1, np.inf
+        for t in range(ntypes):
+            if free[t] < m:
+                continue
+            # the size this job may expect on t: an equal share with the jobs already there
+            n = f_l[k][t][min(max(m, caps[t] // (on_type[t] + 1)), width - 1)]
+            c = c_l[k][t][n] if n else np.inf
+            if c < best_c:
+                best_t, best_c = t, c
+        if best_t >= 0:
+            out[order[i].job_id] = Alloc(best_t, m)
+            free[best_t] -= m
+            on_type[best_t] += 1
+    return out, free

@@ -1,0 +1,109 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetrain.perf.jobs import TableCurve
+from hetrain.sched.cluster import GpuCluster
+from hetrain.sched.job import Alloc, make_job
+from hetrain.sched.policies import check_allocation, get_policy, policy_names
+from hetrain.sched.policies.doubling import doubling
+from hetrain.sched.policies.optimal import exhaustive, objective, solve_milp
+
+TYPES = ("v100", "k80")
+
+
+@st.composite
+def instances(draw, max_jobs=4):
+    counts = tuple(draw(st.integers(1, 4)) for _ in TYPES)
+    cluster = GpuCluster(TYPES, counts)
+    njobs = draw(st.integers(1, max_jobs))
+    jobs, alloc = [], {}
+    for i in range(njobs):
+        rates = {}
+        for t in TYPES:
+            r1 = draw(st.floats(0.5, 10))
+            effs = [draw(st.floats(0.3, 1.0)) for _ in range(3)]
+            rates[t] = {1: r1, 2: 2 * r1 * effs[0], 3: 3 * r1 * effs[1], 4: 4 * r1 * effs[2]}
+        job = make_job(i, f"j{i}", 0.0, draw(st.floats(10, 1e4)), TableCurve(rates), cluster,
+                       requested=draw(st.integers(1, max(counts))), restart_cost=draw(st.floats(0, 50)))
+        job.started = draw(st.booleans())
+        jobs.append(job)
+    return cluster, jobs, alloc
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances())
+def test_every_policy_respects_capacity_and_bounds(inst):
+    cluster, jobs, alloc = inst
+    for name in policy_names():
+        out = get_policy(name)(jobs, cluster, alloc, 0.0)
+        check_allocation(jobs, cluster, out)  # raises on any violation
+        used = np.zeros(len(TYPES), dtype=int)
+        for a in out.values():
+            used[a.type] += a.n
+        assert np.all(used <= cluster.capacity)
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(max_jobs=3))
+def test_milp_matches_exhaustive_and_bounds_doubling(inst):
+    cluster, jobs, alloc = inst
+    milp, brute = solve_milp(jobs, cluster, alloc), exhaustive(jobs, cluster, alloc)
+    assert set(milp) == set(brute)
+    o_milp, o_brute = objective(jobs, alloc, milp), objective(jobs, alloc, brute)
+    assert o_milp == pytest.approx(o_brute, rel=1e-6)
+    dbl = doubling(jobs, cluster, alloc, 0.0)
+    assert set(dbl) == set(milp)  # same admitted jobs
+    assert objective(jobs, alloc, dbl) >= o_milp * (1 - 1e-9)
+
+
+def _linear_job(i, work, cluster, rate=1.0, maxg=8, restart=0.0):
+    return make_job(i, f"j{i}", 0.0, work, TableCurve({"v100": {g: rate * g for g in range(1, maxg + 1)}}),
+                    cluster, max_gpus=maxg, restart_cost=restart)
+
+
+def test_doubling_spreads_gpus_by_gain():
+    c = GpuCluster(("v100",), (8,))
+    jobs = [_linear_job(0, 1000, c), _linear_job(1, 1000, c)]
+    out = doubling(jobs, c, {}, 0.0)
+    assert out == {0: Alloc(0, 4), 1: Alloc(0, 4)}
+    # a long job gains more seconds per GPU than a short one
+    jobs = [_linear_job(0, 10000, c), _linear_job(1, 100, c)]
+    out = doubling(jobs, c, {}, 0.0)
+    assert out[0].n > out[1].n and sum(a.n for a in out.values()) == 8
+
+
+def test_doubling_keeps_running_size_when_restart_does_not_pay():
+    c = GpuCluster(("v100",), (8,))
+    jobs = [_linear_job(0, 100, c, restart=1000.0)]
+    jobs[0].started = True
+    assert doubling(jobs, c, {0: Alloc(0, 1)}, 0.0) == {0: Alloc(0, 1)}
+    jobs[0].restart_cost = 0.0
+    assert doubling(jobs, c, {0: Alloc(0, 1)}, 0.0) == {0: Alloc(0, 8)}
+
+
+def test_fifo_blocks_at_head_and_gives_requests():
+    c = GpuCluster(("v100",), (4,))
+    curve = TableCurve({"v100": {1: 1.0, 2: 2.0, 4: 4.0}})
+    jobs = [make_job(0, "a", 0, 10, curve, c, requested=2), make_job(1, "b", 1, 10, curve, c, requested=4),
+            make_job(2, "c", 2, 1, curve, c, requested=1)]
+    out = get_policy("fifo")(jobs, c, {}, 0.0)
+    assert out == {0: Alloc(0, 2)}  # b does not fit and c waits behind it
+    srtf = get_policy("srtf")(jobs, c, {}, 0.0)
+    # c is shortest, b (4 GPUs) does not fit next to it and is skipped, a backfills
+    assert srtf == {2: Alloc(0, 1), 0: Alloc(0, 2)}
+
+
+def test_heterogeneous_doubling_uses_the_fast_pool_for_scaling_jobs():
+    c = GpuCluster(("v100", "p100"), (8, 8))
+    # faster on one p100, much faster on eight v100s (like Gavel's ResNet-18)
+    curve = TableCurve({"v100": {1: 32.0, 2: 100.0, 4: 124.0, 8: 383.0}, "p100": {1: 36.0, 2: 61.0, 4: 94.0, 8: 130.0}})
+    jobs = [make_job(0, "r", 0, 1e6, curve, c)]
+    assert doubling(jobs, c, {}, 0.0) == {0: Alloc(0, 8)}
+
+
+def test_unknown_policy():
+    from hetrain.errors import UserError
+    with pytest.raises(UserError, match="unknown policy"):
+        get_policy("lottery")
