@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hetrain.runtime import catch_stop_requests
+
+    catch_stop_requests()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -26,9 +26,12 @@ from pathlib import Path
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
+from . import STOP_REQUESTED
 from .auth import new_secret
 from .env import CommConfig, ProcEnv
 from .topology import Proc, build_topology
+
+EXIT_STOPPED = 3  # a process stopped at a checkpoint because it was asked to (SIGUSR1)
 
 
 @dataclass
@@ -115,9 +118,10 @@ class Launcher:
                 raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
             from ..cluster.netns import NetnsCluster
             self.netns = NetnsCluster(cluster)
-        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        for s in old:
+        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._forward)
         try:
             if self.netns is not None:
                 cluster = self.netns.up()
@@ -133,6 +137,16 @@ class Launcher:
                 signal.signal(s, h)
 
     # ---- internals ----------------------------------------------------------------------
+    def _forward(self, signum=signal.SIGUSR1, frame=None) -> None:
+        """SIGUSR1 asks the job to checkpoint and stop (elastic resizing): pass it on."""
+        STOP_REQUESTED.set()
+        for c in self.children:
+            if c.popen.poll() is None:
+                try:
+                    os.killpg(c.popen.pid, signum)
+                except ProcessLookupError:
+                    pass
+
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
 
@@ -177,12 +191,20 @@ class Launcher:
                 argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
             if self.netns is not None:
                 argv = self.netns.wrap(p.machine.name, argv)
-            popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            # children start with SIGUSR1 blocked: an early stop request stays pending until
+            # the script installs its handler (hetrain.train.elastic.on_stop_request)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            try:
+                popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             child = Child(p, popen)
             child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
             child.reader.start()
             self.children.append(child)
+        if STOP_REQUESTED.is_set():  # asked before the processes existed
+            self._forward()
         return self._monitor(topo)
 
     def _pump(self, child: Child) -> None:
@@ -205,7 +227,7 @@ class Launcher:
         deadline = None
         while True:
             running = [c for c in self.children if c.popen.poll() is None]
-            failed = [c for c in self.children if c.popen.returncode not in (None, 0)]
+            failed = [c for c in self.children if c.popen.returncode not in (None, 0, EXIT_STOPPED)]
             # several may be seen failing in one poll: blame the root cause, not the
             # processes that failed because they lost it
             failed.sort(key=lambda c: (_is_consequence(c), c.proc.rank))
@@ -231,6 +253,9 @@ class Launcher:
             if c.reader:
                 c.reader.join(timeout=5)
         if first is None:
+            if any(c.popen.returncode == EXIT_STOPPED for c in self.children):
+                self._log("hetrain: job stopped at a checkpoint on request; relaunch to resume")
+                return EXIT_STOPPED
             self._log(f"hetrain: all {len(self.children)} processes finished")
             return 0
         tail = "\n".join(f"    {line}" for line in list(first.tail)[-15:])

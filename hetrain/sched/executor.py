@@ -1,10 +1,11 @@
 """Real executor: runs a small workload of real training jobs on this host's emulated
 GPU pool under a scheduling policy, calling the policy exactly as the simulator does.
 
-Each job runs as WORLD_SIZE processes of `python -m hetrain.sched.worker` on gloo
-(a self-contained launcher: one subprocess per rank with RANK / WORLD_SIZE /
-MASTER_ADDR / MASTER_PORT). To resize a job the executor sends SIGUSR1 to its ranks;
-they agree on a step boundary, checkpoint atomically and exit, and the job restarts at
+Each job runs through hetrain's single launcher (`hetrain launch --mode allreduce -m
+hetrain.sched.worker`) on an emulated cluster of as many worker machines as the job
+has GPUs. To resize a job the executor sends SIGUSR1 to its launcher, which passes it
+to the ranks; they agree on a step boundary, checkpoint atomically and exit with
+EXIT_STOPPED (the launcher returns it too), and the job restarts at
 its new size from the checkpoint. The executor measures every stop/restart (signal to
 the first step at the new size, minus one step) and the cold start of each job, and
 feeds the running mean back into the jobs' `restart_cost`, so the policy charges what
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,10 +56,19 @@ def _even_sizes_only(job: Job, batch: int) -> None:
             job.rates[:, g] = 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def launch_job(job_dir: Path, world: int, worker_args: list[str], quiet: bool = True) -> subprocess.Popen:
+    """Start one job of `world` ranks with `hetrain launch`; returns the launcher process."""
+    import yaml
+
+    cluster = {"name": f"job-{world}", "machines": [
+        {"name": f"g{i}", "role": "worker", "device": {"kind": "emulated-gpu"}} for i in range(world)]}
+    cfile = job_dir / f"cluster-{world}.yaml"
+    cfile.write_text(yaml.safe_dump(cluster))
+    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "allreduce",
+           "--run-dir", str(job_dir / "run")] + (["--quiet"] if quiet else []) + \
+          ["-m", "hetrain.sched.worker", "--job-dir", str(job_dir), *worker_args]
+    return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
 
 
 def model_bytes(dim: int = 16) -> float:
@@ -120,15 +129,8 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
     alloc: dict[int, Alloc] = {}
 
     def launch(r: _Run, a: Alloc, now: float):
-        port = _free_port()
-        r.procs = []
-        for rank in range(a.n):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(a.n), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            cmd = [sys.executable, "-m", "hetrain.sched.worker", "--job-dir", str(r.dir), "--steps",
-                   str(r.spec.steps), "--batch", str(r.spec.batch), "--seed", str(r.spec.seed),
-                   "--compute-s", str(r.spec.compute_s)]
-            r.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        r.procs = [launch_job(r.dir, a.n, ["--steps", str(r.spec.steps), "--batch", str(r.spec.batch),
+                                           "--seed", str(r.spec.seed), "--compute-s", str(r.spec.compute_s)])]
         r.alloc, r.launched_at, r.launch_step = a, now, _progress(r.dir)
         if not r.first_launch:
             r.restarts += 1
@@ -161,7 +163,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
                     r.launched_at = None
                 if r.procs and all(p.poll() is not None for p in r.procs):
                     codes = [p.returncode for p in r.procs]
-                    errs = [p.stderr.read().decode()[-2000:] for p in r.procs]
+                    errs = [p.stdout.read().decode()[-2000:] for p in r.procs]
                     r.procs = []
                     if all(c == 0 for c in codes):
                         r.finish = time.time() - t0

@@ -1,17 +1,17 @@
 """A small elastic data-parallel training job for the scheduler's real executor.
 
-Run one process per emulated GPU with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set
-(torch.distributed, gloo). It trains a small MLP with SGD + momentum on a synthetic,
+Run it with `hetrain launch --mode allreduce -m hetrain.sched.worker ...` (one worker
+machine per emulated GPU), or alone as a one-rank job. It trains a small MLP with SGD + momentum on a synthetic,
 seeded data set, with a sample order that depends only on the global step (never on
 the world size): step s uses the global batch perm_e[o : o+B] of epoch e's
 permutation, and rank r takes every W-th sample of it. Each rank sums its samples'
-losses divided by B and the gradients are all-reduced with SUM, so every step applies
+losses divided by B and push_pull sums the gradients (average=False), so every step applies
 the mean gradient of the same global batch whatever W is: a job stopped and resumed at
 another size ends with the parameters of an uninterrupted run (up to float rounding).
 
 SIGUSR1 (or SIGTERM) asks the job to stop: ranks agree (all-reduce MAX of the flag)
-after the current step, rank 0 writes the checkpoint atomically (tmp file + os.replace)
-and every rank exits with code 3. On completion the final checkpoint is written with
+after the current step, rank 0 writes the checkpoint atomically
+(hetrain.train.checkpoint) and every rank exits with EXIT_STOPPED. On completion the final checkpoint is written with
 `done: True` and the processes exit 0. T_compute is emulated: after each step a rank
 sleeps compute_s / W (a GPU's share of the global batch's compute).
 """
@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
-EXIT_STOPPED = 3
+from hetrain.train.elastic import EXIT_STOPPED, on_stop_request
 
 
 def build(seed: int, n_samples: int, dim: int):
@@ -50,14 +49,6 @@ def global_batch(step: int, batch: int, n_samples: int, seed: int):
     return perm[k * batch:(k + 1) * batch]
 
 
-def save_atomic(obj, path: Path) -> None:
-    import torch
-
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job-dir", required=True)
@@ -68,33 +59,28 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compute-s", type=float, default=0.0, help="emulated compute of one global batch, seconds")
-    stop = {"flag": False}
-
-    def _ask_stop(signum, frame):
-        stop["flag"] = True
-
-    # first thing: a stop request that arrives while torch is still importing is kept
-    signal.signal(signal.SIGUSR1, _ask_stop)
-    signal.signal(signal.SIGTERM, _ask_stop)
+    stop = on_stop_request()  # first thing: a request that arrives while torch imports is kept
     args = ap.parse_args(argv)
 
     import torch
     import torch.distributed as dist
 
+    import hetrain
+    from hetrain.train.checkpoint import load_checkpoint, save_checkpoint
+
     torch.set_num_threads(1)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    ctx = hetrain.init()
+    rank, world = hetrain.rank(), hetrain.size()
     if args.batch % world:
         print(f"worker: global batch {args.batch} is not divisible by world size {world}", file=sys.stderr)
         return 2
-    if world > 1:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
     job_dir = Path(args.job_dir)
     ckpt = job_dir / "checkpoint.pt"
     x, y, model = build(args.seed, args.samples, args.dim)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = int(state["step"])
@@ -107,20 +93,14 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=False)
         loss = ((model(x[idx]) - y[idx]) ** 2).sum() / args.batch
         loss.backward()
-        if world > 1:
-            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-            dist.all_reduce(flat)
-            off = 0
-            for p in model.parameters():
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
-                off += p.numel()
+        hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()], average=False)
         opt.step()
         if args.compute_s > 0:
             time.sleep(args.compute_s / world)
         step += 1
-        flag = torch.tensor([1.0 if stop["flag"] else 0.0])
+        flag = torch.tensor([1.0 if stop.is_set() else 0.0])
         if world > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.worker_group)
         times.append(time.perf_counter() - t0)
         if rank == 0:
             tmp = job_dir / "progress.tmp"
@@ -130,15 +110,15 @@ def main(argv=None) -> int:
             code = EXIT_STOPPED
             break
     if rank == 0:
-        save_atomic({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                     "done": step >= args.steps}, ckpt)
+        save_checkpoint(ckpt, {"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                               "done": step >= args.steps})
         with (job_dir / "stats.jsonl").open("a") as fh:
             fh.write(json.dumps({"world": world, "steps": len(times), "start": t_start,
                                  "mean_step_s": sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1
                                  else (times[0] if times else None)}) + "\n")
     if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier(group=ctx.worker_group)
+    hetrain.shutdown()
     return code
 
 
