@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from conftest import small_cluster
+from tests.helpers import small_cluster
 from hetrain.runtime.auth import AuthError, admit
 
 
@@ -66,7 +66,7 @@ def test_hung_server_is_named_after_the_timeout(tmp_path):
 
     import yaml
 
-    from conftest import SCRIPTS
+    from tests.helpers import SCRIPTS
 
     cfile = tmp_path / "c.yaml"
     cfile.write_text(yaml.safe_dump(small_cluster(workers=2, cpus=1)))

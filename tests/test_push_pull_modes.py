@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, small_cluster
+from tests.helpers import SCRIPTS, small_cluster
 
 sys.path.insert(0, str(SCRIPTS))
 from reference import single_process  # noqa: E402
