@@ -77,7 +77,9 @@ def cluster_file(n: int, k: int, rate: str, tmp: Path) -> Path:
 
 
 def run_case(cfile: Path, mode: str, sizes: list[int], repeats: int, partition: int, ddp: bool) -> dict:
-    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode,
+    lanes = ["--max-lanes", "1"] if mode == "byteps-1lane" else []
+    mode = mode.split("-")[0]
+    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode, *lanes,
            "--partition-bytes", str(partition), "--timeout", "120", "--run-dir", str(cfile.parent / f"run-{mode}"),
            str(Path(__file__).resolve()), "--worker", "--sizes", ",".join(map(str, sizes)),
            "--repeats", str(repeats)] + (["--ddp"] if ddp else [])
@@ -120,7 +122,9 @@ def main() -> int:
     repeats = 3 if args.quick else args.repeats
     ks = [0, 1, 2, 4]
     partition = args.partition_bytes
-    modes_for = (lambda k: ["byteps"]) if args.quick else (lambda k: ["byteps", "colocated"] + (["ps"] if k else []))
+    # byteps-1lane: the ablation of lanes (one connection per server), where shares differ
+    modes_for = (lambda k: ["byteps"]) if args.quick else (
+        lambda k: ["byteps", "colocated"] + (["ps"] if k else []) + (["byteps-1lane"] if 0 < k < n else []))
     cases = []
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmpd:
@@ -137,6 +141,7 @@ def main() -> int:
                               "measured_s": res[str(nbytes)]["push_pull"], "all_s": res[str(nbytes)]["all"],
                               "t_opt_s": byteps_time(nbytes, n, k, bw), "ddp_s": base[str(nbytes)]["ddp"],
                               "theory_s": {"byteps": byteps_time(nbytes, n, k, bw),
+                                           "byteps-1lane": byteps_time(nbytes, n, k, bw),
                                            "colocated": ring_allreduce_time(nbytes, n, bw),
                                            "ps": ps_time(nbytes, n, max(k, 1), bw)}[mode]})
         for nbytes in sizes:
@@ -144,14 +149,14 @@ def main() -> int:
                           "measured_s": base[str(nbytes)]["push_pull"], "all_s": base[str(nbytes)]["all"],
                           "t_opt_s": byteps_time(nbytes, n, 0, bw), "ddp_s": base[str(nbytes)]["ddp"],
                           "theory_s": ring_allreduce_time(nbytes, n, bw)})
-    head = (f"{'k':>2} {'mode':<10}{'MB':>6}{'measured s':>12}{'theory s':>10}{'t_opt s':>9}{'meas/t_opt':>11}"
+    head = (f"{'k':>2} {'mode':<13}{'MB':>6}{'measured s':>12}{'theory s':>10}{'t_opt s':>9}{'meas/t_opt':>11}"
             f"{'DDP s':>8}{'DDP/meas':>9}{'ideal':>7}")
     print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf); "
           f"medians of {repeats}")
     print(head + "\n" + "-" * len(head))
     for c in sorted(cases, key=lambda c: (c["k"], c["mode"], c["bytes"])):
-        ideal = byteps_speedup_over_allreduce(n, c["k"]) if c["mode"] == "byteps" else float("nan")
-        print(f"{c['k']:>2} {c['mode']:<10}{c['bytes'] / 1e6:>6.0f}{c['measured_s']:>12.3f}{c['theory_s']:>10.3f}"
+        ideal = byteps_speedup_over_allreduce(n, c["k"]) if c["mode"].startswith("byteps") else float("nan")
+        print(f"{c['k']:>2} {c['mode']:<13}{c['bytes'] / 1e6:>6.0f}{c['measured_s']:>12.3f}{c['theory_s']:>10.3f}"
               f"{c['t_opt_s']:>9.3f}{c['measured_s'] / c['t_opt_s']:>11.2f}{c['ddp_s']:>8.3f}"
               f"{c['ddp_s'] / c['measured_s']:>9.2f}{ideal:>7.2f}")
     print(f"(ideal = theoretical BytePS speed-up over all-reduce, 1 + k(n-2)/n²; wall {time.time() - t_start:.0f}s)")
