@@ -14,9 +14,11 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.context import Context, init
+from .compress import ErrorFeedback
 from .layout import Manifest, exchange_manifests
 from .partition import Partition, plan_partitions
 from .protocol import check_header, exchange_header
+from .wire import decode_part, encode_part, tensor_codecs, wire_plan
 
 
 def plan_for(ctx: Context, numel: int) -> list[Partition]:
@@ -39,12 +41,28 @@ class SummationServer:
         self.steps = 0
         self.busy_s = 0.0
 
-    def _replan(self, numel: int) -> None:
+    def _replan(self, numel: int, manifest: Manifest | None = None) -> None:
         parts = plan_for(self.ctx, numel)
         self.mine = [p for p in parts if p.server == self.index]
         n = len(self.workers)
-        self.bufs = [torch.empty(n, p.length) for p in self.mine]
-        self.sums = [torch.empty(p.length) for p in self.mine]
+        self.wire = None
+        if manifest is not None and manifest.numel == numel:
+            from .engine import wire_codecs
+
+            wire = wire_plan(parts, manifest, wire_codecs(self.ctx, manifest))
+            if wire is not None:
+                self.wire = [wire[p.pid] for p in self.mine]
+        if self.wire is None:
+            self.bufs = [torch.empty(n, p.length) for p in self.mine]
+            self.sums = [torch.empty(p.length) for p in self.mine]
+        else:
+            # encoded pushes in, decoded to fp32, summed, re-encoded (with the server's own
+            # error feedback, so the downlink loses no mass either) and sent back
+            self.bufs = [torch.empty(n, w.nbytes, dtype=torch.uint8) for w in self.wire]
+            self.sums = [torch.empty(w.nbytes, dtype=torch.uint8) for w in self.wire]
+            self.decoded = [torch.empty(n, p.length) for p in self.mine]
+            self.total = torch.zeros(numel)
+            self.feedback = ErrorFeedback(numel)
 
     def serve_forever(self) -> None:
         while True:
@@ -60,9 +78,10 @@ class SummationServer:
                 self.ctx.failed = True
                 raise
             if h.digest != self.digest:
-                exchange_manifests(None)  # workers publish the new layout; servers need only its size
+                # workers publish the new layout; servers need its size and (for codecs) its tensors
+                manifests = [m for m in exchange_manifests(None) if m is not None]
                 self.digest = h.digest
-                self._replan(h.numel_each)
+                self._replan(h.numel_each, manifests[0] if manifests else None)
             self._round()
             self.steps += 1
 
@@ -71,15 +90,27 @@ class SummationServer:
         for p, buf in zip(self.mine, self.bufs):
             recvs.append([dist.irecv(buf[i], src=w, tag=p.pid) for i, w in enumerate(self.workers)])
         sends = []
-        for p, buf, total, works in zip(self.mine, self.bufs, self.sums, recvs):
+        for i, (p, buf, total, works) in enumerate(zip(self.mine, self.bufs, self.sums, recvs)):
             for w, work in zip(self.workers, works):
                 self._wait(work, w, f"receiving partition {p.pid} from it")
             t0 = time.perf_counter()
-            torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
+            if self.wire is None:
+                torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
+            else:
+                self._sum_encoded(i, buf, total)
             self.busy_s += time.perf_counter() - t0
             sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid)) for w in self.workers)
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")
+
+    def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
+        w, dec = self.wire[i], self.decoded[i]
+        p = w.part
+        for row in range(buf.shape[0]):
+            decode_part(w, buf[row], dec[row], base=p.start)
+        flat = self.total
+        torch.sum(dec, dim=0, out=flat[p.start: p.start + p.length])
+        encode_part(w, flat, out, self.feedback)
 
     def _wait(self, work, peer: int, what: str) -> None:
         try:

@@ -14,6 +14,12 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition-bytes", type=int, default=4_096_000)
     p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker (0: 2 partitions per server)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
+    p.add_argument("--codec", default="fp32", choices=["fp32", "fp16", "int8", "int4", "auto"],
+                   help="gradient compression with error feedback (auto: by link bandwidth and tensor size)")
+    p.add_argument("--codec-rule", action="append", default=[], metavar="GLOB=CODEC",
+                   help="per-tensor codec, e.g. '*.bias=fp32' (repeatable, first match wins)")
+    p.add_argument("--overlap", action="store_true",
+                   help="push each layer's gradient while backward continues (DistributedOptimizer)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -28,7 +34,8 @@ def _launch_config(args, argv: list[str]):
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
     comm = CommConfig(mode=args.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, codec=args.codec, codec_rules=tuple(args.codec_rule),
+                      overlap=args.overlap)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

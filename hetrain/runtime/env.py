@@ -21,6 +21,9 @@ class CommConfig:
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
     timeout_s: float = 60.0  # a lost peer is reported within this time
+    codec: str = "fp32"  # gradient codec: fp32, fp16, int8, int4 or auto (by link bandwidth and tensor size)
+    codec_rules: tuple[str, ...] = ()  # per-tensor overrides, NAME_GLOB=CODEC, first match wins
+    overlap: bool = False  # push each gradient as soon as backward produces it
 
     def __post_init__(self) -> None:
         from ..errors import UserError
@@ -34,6 +37,15 @@ class CommConfig:
             raise UserError("credit_bytes must be >= 0 (0 picks a default)")
         if self.timeout_s <= 0:
             raise UserError("timeout_s must be positive")
+        from ..comm.compress import CODECS, parse_rules
+
+        object.__setattr__(self, "codec_rules", tuple(self.codec_rules))
+        if self.codec not in CODECS + ("auto",):
+            raise UserError(f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS + ('auto',))}")
+        parse_rules(self.codec_rules)
+        if self.mode == "allreduce" and (self.codec != "fp32" or self.codec_rules):
+            raise UserError("gradient codecs need summation servers to decode and add what workers send; "
+                            "use mode byteps, ps or colocated, or codec fp32 with mode allreduce")
 
 
 @dataclass(frozen=True)
