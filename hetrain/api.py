@@ -72,9 +72,16 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
-    each worker's batch size (`set_batch_size`, default 1 = equal weights)."""
+    each worker's batch size (`set_batch_size`, default 1 = equal weights).
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None):
+    With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
+    pushed as soon as backward has accumulated it, while backward goes on with the
+    layers before it; `step()` then only waits for what is still in flight. Call
+    `set_batch_size` before `backward()` and `zero_grad()` once per step (it arms the
+    hooks); one backward per step.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, overlap: bool | None = None):
         self._inner = optimizer
         if named_parameters is None:
             params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -85,6 +92,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("named_parameters has duplicate names; pass model.named_parameters()")
         self._batch_size = 1
         self.engine = engine()
+        self.overlap = self.engine.ctx.comm.overlap if overlap is None else bool(overlap)
+        self._armed = False
+        self._hooks = []
+        if self.overlap:
+            index = {id(p): i for i, (_, p) in enumerate(self._named)}
+            for _, p in self._named:
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda param, i=index[id(p)]: self._grad_ready(i, param)))
+
+    def _grad_ready(self, i: int, param: torch.Tensor) -> None:
+        """Backward produced parameter i's gradient: start pushing it now."""
+        if not self._armed:
+            return
+        if not self.engine.in_flight:
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+                self._armed = False
+                return
+        self.engine.ready(i, param.grad)
 
     def __getattr__(self, item):  # delegate everything else (param_groups, state...)
         if item.startswith("_"):
@@ -108,7 +133,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             named.append((n, p.grad))
-        self.engine.push_pull(named, weight=self._batch_size)
+        self._armed = False
+        if self.engine.in_flight:  # overlap: most partitions are already on their way
+            self.engine.finish([t for _, t in named])
+        else:
+            self.engine.push_pull(named, weight=self._batch_size)
 
     def step(self, closure=None):
         self.synchronize()
@@ -116,6 +145,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._inner.zero_grad(set_to_none=set_to_none)
+        self._armed = self.overlap
 
     def state_dict(self):
         return self._inner.state_dict()
