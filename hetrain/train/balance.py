@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..comm.partition import largest_remainder
 from ..errors import UserError
 
 
@@ -77,24 +76,29 @@ def balanced_sizes(global_batch: int, speeds, caps, min_samples: int = 1, labels
     speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, 0.0)
     if speeds.sum() <= 0:
         speeds = np.ones(n)
-    sizes = floor.astype(float)
-    left = global_batch - floor.sum()
-    free = caps > floor
-    # water-filling: give everyone its speed share of what is left; clip at caps; repeat
-    while left > 1e-9 and free.any():
-        w = np.where(free, speeds, 0.0)
-        if w.sum() <= 0:
-            w = free.astype(float)
-        want = left * w / w.sum()
-        room = caps - sizes
-        take = np.minimum(want, room)
-        sizes += take
-        left -= take.sum()
-        free = free & (sizes < caps - 1e-9)
-    # integers: largest remainder of the extra over the floor, never above a cap
-    extra = sizes - floor
-    ints = floor + largest_remainder(global_batch - int(floor.sum()), np.maximum(extra, 0) + 1e-12)
+    # water-filling: sizes = clip(λ·speed, floor, cap) with λ chosen so they add up to the
+    # global batch (the sum is monotone in λ: bisection); a capped worker keeps its cap
+    # and the rest is spread over the others by speed
+    def total(lam: float) -> float:
+        return float(np.clip(lam * speeds, floor, caps).sum())
+
+    lo, hi = 0.0, 1.0
+    while total(hi) < global_batch and hi < 1e30:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if total(mid) < global_batch else (lo, mid)
+    sizes = np.clip(hi * speeds, floor, caps).astype(float)
+    ints = np.minimum(np.floor(sizes + 1e-9).astype(np.int64), caps)
+    short = global_batch - int(ints.sum())
+    if short > 0:
+        frac = np.where(ints < caps, sizes - ints, -np.inf)
+        ints[np.argsort(-frac, kind="stable")[:short]] += 1
     over = ints - caps
+    while short < 0 and (ints > floor).any():  # rounding gave one too many: take from the biggest surplus
+        i = int(np.argmax(np.where(ints > floor, ints - sizes, -np.inf)))
+        ints[i] -= 1
+        short += 1
     while (over > 0).any():  # rounding pushed someone past a cap by one: move it to the most room
         i = int(np.argmax(over))
         j = int(np.argmax(np.where(ints < caps, caps - ints, -1)))
