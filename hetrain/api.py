@@ -92,7 +92,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("named_parameters has duplicate names; pass model.named_parameters()")
         self._batch_size = 1
         self.engine = engine()
-        self.overlap = self.engine.ctx.comm.overlap if overlap is None else bool(overlap)
+        self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
+        self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
+        self.overlap = (self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
         self._armed = False
         self._hooks = []
         if self.overlap:
@@ -140,6 +142,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.engine.push_pull(named, weight=self._batch_size)
 
     def step(self, closure=None):
+        if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
+            from .comm.async_ps import AsyncClient
+
+            loss = closure() if closure is not None else None
+            group = self._inner.param_groups[0]
+            if self._async is None:
+                self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0))
+            self._async.step(lr=group["lr"])
+            return loss
         self.synchronize()
         return self._inner.step(closure)
 

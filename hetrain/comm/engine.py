@@ -83,6 +83,9 @@ class PushPull:
                 raise UserError(f"push_pull tensor {name!r} must be a floating-point torch.Tensor, got {type(t).__name__}"
                                 f"{'' if not isinstance(t, torch.Tensor) else ' of ' + str(t.dtype)}")
         ctx = self.ctx
+        if ctx.distributed and ctx.comm.sync != "sync":
+            raise UserError(f"push_pull is synchronous but this job runs sync={ctx.comm.sync!r}; use "
+                            "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
         manifest = self._manifest_for(named)
         t0 = time.perf_counter()
         if not ctx.distributed:
@@ -178,6 +181,11 @@ class PushPull:
 
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
+        if self.ctx.distributed and self._server_ranks and not self.ctx.failed and self.ctx.comm.sync != "sync":
+            from .async_ps import send_stop
+
+            send_stop(self.ctx)
+            return
         if self.ctx.distributed and self._server_ranks and not self.ctx.failed:
             try:
                 exchange_header(stop=True, is_worker=True)

@@ -121,6 +121,19 @@ class SummationServer:
 
 def main() -> int:
     ctx = init()
+    if ctx.comm.sync != "sync":  # async / bounded staleness: servers hold and update the parameters
+        from .async_ps import ParameterServer
+
+        ps = ParameterServer(ctx)
+        try:
+            ps.serve_forever()
+        finally:
+            if dist.is_initialized() and not ctx.failed:
+                dist.destroy_process_group()
+        ps.write_report(ctx.env.run_dir)
+        print(f"{ctx.describe(ctx.rank)}: applied {ps.pushes} pushes ({ctx.comm.sync}); largest clock gap "
+              f"{ps.max_gap}", flush=True)
+        return 0
     server = SummationServer(ctx)
     try:
         server.serve_forever()
