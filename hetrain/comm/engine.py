@@ -237,6 +237,7 @@ class PushPull:
         self._sizes = sizes
         credit = self.ctx.comm.credit_bytes or 2 * self.ctx.comm.partition_bytes * max(1, len(self._server_ranks))
         self._credit = max(1, credit)
+        self._unlimited = self.ctx.comm.overlap and not self.ctx.comm.credit_bytes
 
     def _unfill(self, tensors, result: torch.Tensor) -> None:
         off = 0
@@ -270,7 +271,11 @@ class PushPull:
         st.pending.sort()
         while st.pending:
             pid = st.pending[0]
-            while st.inflight and st.used + self._sizes[pid] > self._credit:
+            # with --overlap, partitions go out as soon as they are ready (an explicit
+            # --credit-bytes still applies): holding one back would idle the link until
+            # the next gradient hook fires. The servers then sum in backward order.
+            limit = float("inf") if self._unlimited else self._credit
+            while st.inflight and st.used + self._sizes[pid] > limit:
                 if not block:
                     return
                 self._retire(st, st.inflight.popleft())

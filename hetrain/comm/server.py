@@ -90,7 +90,13 @@ class SummationServer:
         for p, buf in zip(self.mine, self.bufs):
             recvs.append([dist.irecv(buf[i], src=w, tag=p.pid) for i, w in enumerate(self.workers)])
         sends = []
-        for i, (p, buf, total, works) in enumerate(zip(self.mine, self.bufs, self.sums, recvs)):
+        order = list(range(len(self.mine)))
+        if self.ctx.comm.overlap and not self.ctx.comm.credit_bytes:
+            # backward produces the last layers first; workers post every partition
+            # without waiting in this configuration, so summing in reverse cannot block
+            order.reverse()
+        for i in order:
+            p, buf, total, works = self.mine[i], self.bufs[i], self.sums[i], recvs[i]
             for w, work in zip(self.workers, works):
                 self._wait(work, w, f"receiving partition {p.pid} from it")
             t0 = time.perf_counter()
