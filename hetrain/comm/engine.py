@@ -60,8 +60,11 @@ class PushPull:
         """
         if not self.begin(named, weight, average):
             return
-        for i, (_, t) in enumerate(named):
-            self.ready(i, t)
+        order = range(len(named))
+        if self._unlimited:  # --overlap: same order as backward, which the servers expect
+            order = reversed(order)
+        for i in order:
+            self.ready(i, named[i][1])
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -132,7 +135,6 @@ class PushPull:
             return
         for pid, n in self._touches[index]:
             st.filled[pid] += n
-        self._poll(st)
         for pid, n in self._touches[index]:
             if st.filled[pid] == self._parts[pid].length:
                 st.pending.append(pid)
@@ -268,7 +270,7 @@ class PushPull:
     def _flush(self, st: "_Step", block: bool) -> None:
         """Post pending partitions in priority order while the credit window allows;
         with block=False never wait (called from backward), with block=True wait as needed."""
-        st.pending.sort()
+        st.pending.sort(reverse=self._unlimited)
         while st.pending:
             pid = st.pending[0]
             # with --overlap, partitions go out as soon as they are ready (an explicit
@@ -281,11 +283,6 @@ class PushPull:
                 self._retire(st, st.inflight.popleft())
             st.pending.pop(0)
             self._post(st, pid)
-
-    def _poll(self, st: "_Step") -> None:
-        """Retire, without waiting, the partitions whose sums have already arrived."""
-        while st.inflight and st.inflight[0][3].is_completed() and st.inflight[0][2].is_completed():
-            self._retire(st, st.inflight.popleft())
 
     def _retire(self, st: "_Step", item) -> None:
         pid, dst, s, r = item

@@ -92,22 +92,25 @@ class SummationServer:
         sends = []
         order = list(range(len(self.mine)))
         if self.ctx.comm.overlap and not self.ctx.comm.credit_bytes:
-            # backward produces the last layers first; workers post every partition
-            # without waiting in this configuration, so summing in reverse cannot block
+            # with --overlap workers post every partition without waiting, in the order
+            # backward produces them (last layers first), also outside DistributedOptimizer
             order.reverse()
         for i in order:
-            p, buf, total, works = self.mine[i], self.bufs[i], self.sums[i], recvs[i]
-            for w, work in zip(self.workers, works):
-                self._wait(work, w, f"receiving partition {p.pid} from it")
-            t0 = time.perf_counter()
-            if self.wire is None:
-                torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
-            else:
-                self._sum_encoded(i, buf, total)
-            self.busy_s += time.perf_counter() - t0
-            sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid)) for w in self.workers)
+            sends.extend(self._sum_one(i, recvs[i]))
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")
+
+    def _sum_one(self, i: int, works) -> list:
+        p, buf, total = self.mine[i], self.bufs[i], self.sums[i]
+        for w, work in zip(self.workers, works):
+            self._wait(work, w, f"receiving partition {p.pid} from it")
+        t0 = time.perf_counter()
+        if self.wire is None:
+            torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
+        else:
+            self._sum_encoded(i, buf, total)
+        self.busy_s += time.perf_counter() - t0
+        return [(w, p.pid, dist.isend(total, dst=w, tag=p.pid)) for w in self.workers]
 
     def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
         w, dec = self.wire[i], self.decoded[i]
