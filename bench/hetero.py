@@ -88,7 +88,7 @@ def _time_to(run: dict, target: float) -> float | None:
 
 
 def straggler(tmp, q) -> dict:
-    gb, cost, target = 128, 0.004, (0.85 if q else 0.9)
+    gb, cost, target = 256, 0.003, (0.85 if q else 0.9)
     reps = 3 if q else 5
     args = ["train", "--global-batch", str(gb), "--cost", str(cost), "--target-acc", str(target),
             "--max-steps", "150", "--eval-every", "5", "--repeats", str(reps), "--lr", "0.1"]

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                        named_parameters=model.named_parameters())
     sampler = GlobalBatchSampler(len(xtr), args.global_batch, nw, seed=1)
-    balancer = Balancer(ctx, args.global_batch) if args.balance == "measured" else None
+    # balancing keeps synchronous workers finishing together; async workers run at their own pace
+    balancer = Balancer(ctx, args.global_batch) if args.balance == "measured" and ctx.comm.sync == "sync" else None
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter

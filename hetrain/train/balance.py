@@ -91,9 +91,13 @@ def balanced_sizes(global_batch: int, speeds, caps, min_samples: int = 1, labels
     sizes = np.clip(hi * speeds, floor, caps).astype(float)
     ints = np.minimum(np.floor(sizes + 1e-9).astype(np.int64), caps)
     short = global_batch - int(ints.sum())
-    if short > 0:
-        frac = np.where(ints < caps, sizes - ints, -np.inf)
-        ints[np.argsort(-frac, kind="stable")[:short]] += 1
+    # the samples rounding left over go one by one to the worker that would finish its
+    # step soonest with one more (minimises the slowest worker's step time)
+    pace = np.where(speeds > 0, speeds, 1e-12)
+    for _ in range(max(0, short)):
+        after = np.where(ints < caps, (ints + 1) / pace, np.inf)
+        ints[int(np.argmin(after))] += 1
+    short = min(short, 0)
     over = ints - caps
     while short < 0 and (ints > floor).any():  # rounding gave one too many: take from the biggest surplus
         i = int(np.argmax(np.where(ints > floor, ints - sizes, -np.inf)))

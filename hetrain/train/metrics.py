@@ -21,6 +21,11 @@ class StepLogger:
         self.ctx = ctx
         self.rank = ctx.rank if ctx.distributed else 0
         self.labels = [p.machine.name for p in ctx.topology.workers] if ctx.topology else ["w0"]
+        # async / bounded staleness: no per-step collective (it would put workers in lock-step);
+        # rank 0 logs its own row only
+        self.gather = ctx.distributed and ctx.comm.sync == "sync" and len(self.labels) > 1
+        if ctx.distributed and not self.gather:
+            self.labels = [self.labels[self.rank]]
         self.writer = writer
         self.path = Path(run_dir) / "steps.jsonl"
         self._fh = None
@@ -38,7 +43,7 @@ class StepLogger:
         mine = {"samples": samples, "compute_s": compute_s, **{k: now[k] - self._last[k] for k in now}}
         self._last = now
         t = torch.tensor([float(mine[k]) for k in ROW], dtype=torch.float64)
-        if self.ctx.distributed and len(self.labels) > 1:
+        if self.gather:
             rows = [torch.zeros_like(t) for _ in self.labels]
             try:
                 dist.all_gather(rows, t, group=self.ctx.worker_group)
