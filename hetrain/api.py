@@ -77,8 +77,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
     pushed as soon as backward has accumulated it, while backward goes on with the
     layers before it; `step()` then only waits for what is still in flight. Call
-    `set_batch_size` before `backward()` and `zero_grad()` once per step (it arms the
-    hooks); one backward per step.
+    `zero_grad()` once per step (it arms the hooks), then `set_batch_size` before
+    `backward()` (it exchanges the step header, so the hooks only send); one backward
+    per step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, overlap: bool | None = None):
@@ -128,6 +129,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def set_batch_size(self, batch_size: int) -> None:
         self._batch_size = int(batch_size)
+        if self._armed and not self.engine.in_flight:
+            # overlap: exchange the step header now, before backward, so the hooks only
+            # send (waiting for the other workers must not count as this worker's compute,
+            # or the balancer would read waiting as slowness)
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+                self._armed = False
 
     def synchronize(self) -> None:
         named = []

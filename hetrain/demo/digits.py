@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--global-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--cost-per-sample", type=float, default=0.0005,
+                    help="emulated compute: seconds per sample at speed 1 (calibrated device model, so compute "
+                         "grows with the batch as on a real accelerator); 0 stretches the real compute instead")
     ap.add_argument("--balance", choices=["measured", "equal"], default="measured",
                     help="batch shares: follow each worker's measured samples/s (default) or equal")
     args = ap.parse_args(argv)
@@ -59,7 +62,8 @@ def main(argv=None) -> int:
     rank, nw = hetrain.rank(), hetrain.size()
     run_dir = ctx.env.run_dir if ctx.env else "runs/single"
     machine = ctx.topology.proc(rank).machine if ctx.topology else None
-    device = EmulatedDevice(machine.device, machine.name, run_dir) if machine else None
+    device = (EmulatedDevice(machine.device, machine.name, run_dir, cost_per_sample=args.cost_per_sample or None)
+              if machine else None)
 
     xtr, ytr, xte, yte = load_digits_split()
     model = make_model()
@@ -88,7 +92,7 @@ def main(argv=None) -> int:
             opt.set_batch_size(len(idx))  # before backward: --overlap pushes from the gradient hooks
             t_c = time.perf_counter()
             if device is not None:
-                with device.compute():
+                with device.compute(len(idx)):
                     loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
                     if loss is not None:
                         loss.backward()
