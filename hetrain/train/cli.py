@@ -45,14 +45,15 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> list[Path
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(len(labels))
     bottom = np.zeros(len(labels))
-    for k, name in (("compute_s", "compute"), ("comm_s", "communication"), ("wait_s", "waiting"),
-                    ("hidden_s", "communication hidden behind compute")):
+    for k, name in (("compute_s", "compute"), ("comm_s", "communication (exposed)"), ("wait_s", "waiting")):
         v = get(k).sum(0)
-        ax.bar(labels, v, bottom=bottom if k != "hidden_s" else 0, label=name,
-               alpha=1.0 if k != "hidden_s" else 0.35, hatch=None if k != "hidden_s" else "//")
-        if k != "hidden_s":
-            bottom += v
+        ax.bar(x - 0.15, v, width=0.3, bottom=bottom, label=name)
+        bottom += v
+    ax.bar(x + 0.2, get("hidden_s").sum(0), width=0.2, color="grey", hatch="//",
+           label="communication hidden behind compute")
+    ax.set_xticks(x, labels)
     ax.set(ylabel="seconds (whole run)", title="Step-time split per rank")
     ax.legend(fontsize="small")
     written.append(out / "time_split.png")
