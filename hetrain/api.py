@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.engine import PushPull
+from .errors import UserError
 from .runtime import context as _context
 
 _ENGINE: PushPull | None = None
@@ -112,6 +113,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
                 self._armed = False
                 return
+        if self.engine.is_ready(i):
+            raise UserError(f"parameter {self._named[i][0]!r} got a second gradient in one step: overlap pushes each "
+                            "gradient as soon as backward produces it, so it supports one backward per step; "
+                            "drop --overlap (or overlap=False) to accumulate gradients over several backwards")
         self.engine.ready(i, param.grad)
 
     def __getattr__(self, item):  # delegate everything else (param_groups, state...)

@@ -177,6 +177,10 @@ class PushPull:
             exposed, hidden = end - st.t_begin, 0.0
         self._account(st.wait_s, exposed, st.bytes_out, hidden, st.bytes_in)
 
+    def is_ready(self, index: int) -> bool:
+        """Whether tensor `index` of the push_pull in flight was already handed over."""
+        return self._step is not None and self._step.done[index]
+
     @property
     def in_flight(self) -> bool:
         return self._step is not None

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
-from hetrain.train.balance import Balancer
+from hetrain.train.balance import BalanceConfig, Balancer, estimate_memory_per_sample
 from hetrain.train.checkpoint import save_checkpoint
 from hetrain.train.metrics import StepLogger
 from hetrain.train.sampler import GlobalBatchSampler
@@ -72,7 +72,11 @@ def main(argv=None) -> int:
                                        named_parameters=model.named_parameters())
     sampler = GlobalBatchSampler(len(xtr), args.global_batch, nw, seed=1)
     # balancing keeps synchronous workers finishing together; async workers run at their own pace
-    balancer = Balancer(ctx, args.global_batch) if args.balance == "measured" and ctx.comm.sync == "sync" else None
+    # memory: activations per sample (measured with forward hooks) and parameters, grads, momentum
+    per_sample = estimate_memory_per_sample(model, xtr[:1])
+    reserved = 3.0 * sum(p.numel() * p.element_size() for p in model.parameters())
+    balancer = (Balancer(ctx, args.global_batch, BalanceConfig(memory_per_sample=per_sample, reserved_bytes=reserved))
+                if args.balance == "measured" and ctx.comm.sync == "sync" else None)
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
@@ -92,6 +96,7 @@ def main(argv=None) -> int:
             opt.set_batch_size(len(idx))  # before backward: --overlap pushes from the gradient hooks
             t_c = time.perf_counter()
             if device is not None:
+                device.check_memory(len(idx), per_sample, reserved)
                 with device.compute(len(idx)):
                     loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
                     if loss is not None:
