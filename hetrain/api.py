@@ -161,7 +161,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             group = self._inner.param_groups[0]
             if self._async is None:
                 self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0))
-            self._async.step(lr=group["lr"])
+            self._async.step(lr=group["lr"], batch_size=self._batch_size)
             return loss
         self.synchronize()
         return self._inner.step(closure)

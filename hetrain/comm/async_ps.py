@@ -11,7 +11,12 @@ server holds back a worker's pull while that worker is more than s clocks ahead 
 slowest running worker, so the fastest worker never gets more than s steps ahead
 (s = 0 is lock-step). Asynchronous mode is the same with no bound.
 
-Wire format: a float64 control tensor [kind, worker, clock, lr, momentum, numel] with
+Each push is scaled by the pushing worker's share of the batch, b_i / Σ_j b_j (the
+latest batch size of every worker), so a round of pushes, one per worker, moves the
+parameters as one synchronous step on the global batch would, and the same learning
+rate works in every mode.
+
+Wire format: a float64 control tensor [kind, worker, clock, lr, momentum, numel, batch] with
 a fixed tag, then a float32 slice; servers listen to any worker for control tensors.
 Replies carry the parameters plus [server version, slowest clock]. Nothing is pickled.
 """
@@ -31,7 +36,7 @@ from .partition import Partition
 
 CTRL_TAG, DATA_TAG, PARAM_TAG = 1 << 20, (1 << 20) + 1, (1 << 20) + 2
 SETUP, PUSH, STOP = 1.0, 2.0, 3.0
-CTRL_LEN = 6
+CTRL_LEN = 7
 
 
 def bound_of(ctx: Context) -> float:
@@ -62,6 +67,7 @@ class AsyncClient:
         self.worker = ctx.topology.proc(ctx.rank).index
         self.lr, self.momentum = float(lr), float(momentum)
         self.clock = 0
+        self.batch = 1
         self.bound = bound_of(ctx)
         self.max_gap = 0  # largest (my clock − slowest clock) seen when a pull returned
         self.wait_s = 0.0  # time blocked on pulls (includes being held back by the bound)
@@ -78,7 +84,8 @@ class AsyncClient:
         no cycle of blocked sends can form between workers and servers."""
         pull = kind != STOP
         recvs = [dist.irecv(buf, src=src, tag=PARAM_TAG) for buf, src in zip(self._replies, self.servers)] if pull else []
-        ctrl = torch.tensor([kind, self.worker, self.clock, self.lr, self.momentum, self.numel], dtype=torch.float64)
+        ctrl = torch.tensor([kind, self.worker, self.clock, self.lr, self.momentum, self.numel, self.batch],
+                            dtype=torch.float64)
         sends = []
         for j, dst in enumerate(self.servers):
             sends.append((dst, dist.isend(ctrl, dst=dst, tag=CTRL_TAG), ctrl))
@@ -114,10 +121,13 @@ class AsyncClient:
                 p.copy_(flat[off: off + n].view_as(p))
                 off += n
 
-    def step(self, lr: float | None = None) -> None:
-        """Push this worker's gradients (p.grad) and replace the parameters by the latest."""
+    def step(self, lr: float | None = None, batch_size: int | None = None) -> None:
+        """Push this worker's gradients (p.grad, the mean over its `batch_size` samples)
+        and replace the parameters by the latest."""
         if lr is not None:
             self.lr = float(lr)
+        if batch_size is not None:
+            self.batch = max(0, int(batch_size))
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
                            for p in self.params])
         self.clock += 1
@@ -130,7 +140,7 @@ class AsyncClient:
 
 def send_stop(ctx: Context) -> None:
     """Tell every parameter server this worker is done (also when it never pushed)."""
-    ctrl = torch.tensor([STOP, ctx.topology.proc(ctx.rank).index, 0, 0, 0, 0], dtype=torch.float64)
+    ctrl = torch.tensor([STOP, ctx.topology.proc(ctx.rank).index, 0, 0, 0, 0, 0], dtype=torch.float64)
     for s in ctx.topology.servers:
         try:
             dist.send(ctrl, dst=s.rank, tag=CTRL_TAG)
@@ -150,6 +160,7 @@ class ParameterServer:
         self.velocity: torch.Tensor | None = None
         self.version = 0
         self.clocks = {w: 0 for w in self.workers}
+        self.batches: dict[int, float | None] = {w: None for w in self.workers}  # latest batch size per worker
         self.stopped: set[int] = set()
         self.waiting: list[int] = []  # workers whose pull is held back
         self.max_gap = 0
@@ -196,7 +207,7 @@ class ParameterServer:
                 src = dist.recv(ctrl, src=None, tag=CTRL_TAG)
             except RuntimeError as err:
                 raise self.ctx.peer_error("waiting for a push", [], err) from None
-            kind, _, clock, lr, momentum, numel = ctrl.tolist()
+            kind, _, clock, lr, momentum, numel, batch = ctrl.tolist()
             if kind == STOP:
                 self.stopped.add(src)
             else:
@@ -212,6 +223,13 @@ class ParameterServer:
                         self.params = data.clone()
                         self.velocity = torch.zeros_like(data)
                 else:
+                    self.batches[src] = batch
+                    known = [b for b in self.batches.values() if b is not None]
+                    total = sum(known) + batch * (len(self.workers) - len(known))
+                    if total > 0:
+                        data.mul_(batch / total)
+                    else:
+                        data.zero_()
                     if momentum:
                         self.velocity.mul_(momentum).add_(data)
                         self.params.add_(self.velocity, alpha=-lr)
