@@ -98,7 +98,9 @@ def cmd_train(a) -> dict:
             done = done or step >= a.max_steps
         st = hetrain.engine().stats
         runs.append({"times": times, "sizes": sizes, "accs": accs, "final_acc": acc_of(model, xte, yte),
-                     "bytes_per_step": (st.bytes_sent + st.bytes_received - bytes0) / max(1, step)})
+                     "bytes_per_step": (st.bytes_sent + st.bytes_received - bytes0) / max(1, step),
+                     "engine_comm_s": st.comm_s, "engine_wait_s": st.wait_s, "compute_s": device.compute_s,
+                     "steps": step})
         if a.ddp:
             dist.barrier(group=ctx.worker_group)
     return {"runs": runs, "global_batch": a.global_batch, "mode": ctx.comm.mode, "codec": ctx.comm.codec,
