@@ -277,10 +277,12 @@ class PushPull:
         st.pending.sort(reverse=self._unlimited)
         while st.pending:
             pid = st.pending[0]
-            # with --overlap, partitions go out as soon as they are ready (an explicit
-            # --credit-bytes still applies): holding one back would idle the link until
-            # the next gradient hook fires. The servers then sum in backward order.
-            limit = float("inf") if self._unlimited else self._credit
+            # overlapped steps (and every step under --overlap without --credit-bytes)
+            # post each partition as soon as it is ready: holding one back would idle the
+            # link until the next gradient hook fires, and waiting for an early-posted
+            # (late-layer) sum while an earlier partition is still held back could
+            # deadlock against a server that sums in partition order.
+            limit = float("inf") if (self._unlimited or st.overlapped) else self._credit
             while st.inflight and st.used + self._sizes[pid] > limit:
                 if not block:
                     return

@@ -22,8 +22,11 @@ THREE = {"name": "t", "machines": [
 @pytest.mark.slow
 def test_balanced_overlapped_update_equals_single_process(launch, tmp_path):
     out = tmp_path / "params"
+    # overlap from the optimizer only (servers sum in partition order) and a credit
+    # window smaller than the gradient: hooks post late layers first, which must not
+    # deadlock against servers waiting for the first partition
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--overlap", cluster=THREE,
-                        extra=("--partition-bytes", "2048"))
+                        extra=("--partition-bytes", "2048", "--credit-bytes", "4096"))
     assert rc == 0, log
     ref = single_process()
     for r in range(3):
