@@ -42,11 +42,13 @@ def test_balanced_overlapped_update_equals_single_process(launch, tmp_path):
 
 @pytest.mark.slow
 def test_codec_servers_sum_compressed_pushes(launch, tmp_path):
+    """Also runs the --overlap job configuration: partitions posted last-first, servers
+    summing in that order, no credit window."""
     out = tmp_path / "cp"
     steps = 6
     rc, log, _ = launch(str(HPS / "codec_pushpull.py"), str(out), str(steps), cluster=THREE, mode="ps",
                         extra=("--partition-bytes", "2048", "--codec", "int8", "--codec-rule", "*.bias=fp16",
-                               "--codec-rule", "layer1.*=int4"))
+                               "--codec-rule", "layer1.*=int4", "--overlap"))  # --overlap: backward-order path
     assert rc == 0, log
     runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
     got, want = runs[0]["got"], runs[0]["want"]
