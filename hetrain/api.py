@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from .comm.engine import PushPull
+from .errors import UserError
 from .runtime import context as _context
 
 _ENGINE: PushPull | None = None
@@ -72,9 +73,17 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
-    each worker's batch size (`set_batch_size`, default 1 = equal weights)."""
+    each worker's batch size (`set_batch_size`, default 1 = equal weights).
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None):
+    With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
+    pushed as soon as backward has accumulated it, while backward goes on with the
+    layers before it; `step()` then only waits for what is still in flight. Call
+    `zero_grad()` once per step (it arms the hooks), then `set_batch_size` before
+    `backward()` (it exchanges the step header, so the hooks only send); one backward
+    per step.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, overlap: bool | None = None):
         self._inner = optimizer
         if named_parameters is None:
             params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -85,6 +94,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("named_parameters has duplicate names; pass model.named_parameters()")
         self._batch_size = 1
         self.engine = engine()
+        self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
+        self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
+        self.overlap = (self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
+        self._armed = False
+        self._hooks = []
+        if self.overlap:
+            index = {id(p): i for i, (_, p) in enumerate(self._named)}
+            for _, p in self._named:
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda param, i=index[id(p)]: self._grad_ready(i, param)))
+
+    def _grad_ready(self, i: int, param: torch.Tensor) -> None:
+        """Backward produced parameter i's gradient: start pushing it now."""
+        if not self._armed:
+            return
+        if not self.engine.in_flight:
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+                self._armed = False
+                return
+        if self.engine.is_ready(i):
+            raise UserError(f"parameter {self._named[i][0]!r} got a second gradient in one step: overlap pushes each "
+                            "gradient as soon as backward produces it, so it supports one backward per step; "
+                            "drop --overlap (or overlap=False) to accumulate gradients over several backwards")
+        self.engine.ready(i, param.grad)
 
     def __getattr__(self, item):  # delegate everything else (param_groups, state...)
         if item.startswith("_"):
@@ -101,6 +134,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def set_batch_size(self, batch_size: int) -> None:
         self._batch_size = int(batch_size)
+        if self._armed and not self.engine.in_flight:
+            # overlap: exchange the step header now, before backward, so the hooks only
+            # send (waiting for the other workers must not count as this worker's compute,
+            # or the balancer would read waiting as slowness)
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+                self._armed = False
 
     def synchronize(self) -> None:
         named = []
@@ -108,14 +147,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             named.append((n, p.grad))
-        self.engine.push_pull(named, weight=self._batch_size)
+        self._armed = False
+        if self.engine.in_flight:  # overlap: most partitions are already on their way
+            self.engine.finish([t for _, t in named])
+        else:
+            self.engine.push_pull(named, weight=self._batch_size)
 
     def step(self, closure=None):
+        if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
+            from .comm.async_ps import AsyncClient
+
+            loss = closure() if closure is not None else None
+            group = self._inner.param_groups[0]
+            if self._async is None:
+                self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0))
+            self._async.step(lr=group["lr"], batch_size=self._batch_size)
+            return loss
         self.synchronize()
         return self._inner.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._inner.zero_grad(set_to_none=set_to_none)
+        self._armed = self.overlap
 
     def state_dict(self):
         return self._inner.state_dict()

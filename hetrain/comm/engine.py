@@ -8,6 +8,7 @@ different batch sizes produce the update one machine would on the whole global b
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ from ..errors import UserError
 from ..runtime.context import Context, init
 from .layout import Manifest, TensorMismatchError, exchange_manifests
 from .protocol import check_header, exchange_header
+from .compress import ErrorFeedback
 from .server import plan_for
+from .wire import WirePart, decode_part, encode_part, payload_bytes, tensor_codecs, wire_plan
 
 
 @dataclass
@@ -29,7 +32,8 @@ class CommStats:
     steps: int = 0
     comm_s: float = 0.0  # moving partitions (or all-reduce)
     wait_s: float = 0.0  # waiting for the other workers (the step header)
-    bytes_sent: int = 0
+    hidden_s: float = 0.0  # communication that ran while backward was still computing
+    bytes_sent: int = 0  # bytes on the wire (encoded payloads when a codec is used)
     bytes_received: int = 0
     per_step: list[dict] = field(default_factory=list)
 
@@ -41,8 +45,10 @@ class PushPull:
         self._digest = 0
         self._manifest: Manifest | None = None
         self._parts = []
+        self._wire: list[WirePart] | None = None
         self._send = torch.empty(0)
         self._recv = torch.empty(0)
+        self._step: _Step | None = None
         self._server_ranks = [p.rank for p in self.ctx.topology.servers] if self.ctx.topology else []
 
     # ---- public -------------------------------------------------------------------------
@@ -52,6 +58,27 @@ class PushPull:
         `named` is in priority order: first = sent first (the input-side layers, needed
         first by the next forward pass). `weight` is this worker's batch size.
         """
+        if not self.begin(named, weight, average):
+            return
+        order = range(len(named))
+        if self._unlimited:  # --overlap: same order as backward, which the servers expect
+            order = reversed(order)
+        for i in order:
+            self.ready(i, named[i][1])
+        self.finish([t for _, t in named])
+
+    def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
+              overlapped: bool = False) -> bool:
+        """Start a push_pull whose tensors will be handed over one by one with `ready`
+        (e.g. from gradient hooks while backward runs) and collected by `finish`.
+
+        `named` gives names and shapes (the tensors themselves are not read here).
+        Returns False when there is nothing to move (a one-process job). `overlapped`
+        says the tensors arrive while compute goes on, so only the time `finish` blocks
+        counts as communication and the rest of the transfer time as hidden.
+        """
+        if self._step is not None:
+            raise UserError("push_pull.begin() called while another push_pull is in flight; call finish() first")
         if weight < 0 or int(weight) != weight:
             raise UserError(f"push_pull weight must be a non-negative integer batch size, got {weight!r}")
         for name, t in named:
@@ -59,6 +86,9 @@ class PushPull:
                 raise UserError(f"push_pull tensor {name!r} must be a floating-point torch.Tensor, got {type(t).__name__}"
                                 f"{'' if not isinstance(t, torch.Tensor) else ' of ' + str(t.dtype)}")
         ctx = self.ctx
+        if ctx.distributed and ctx.comm.sync != "sync":
+            raise UserError(f"push_pull is synchronous but this job runs sync={ctx.comm.sync!r}; use "
+                            "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
         manifest = self._manifest_for(named)
         t0 = time.perf_counter()
         if not ctx.distributed:
@@ -83,28 +113,88 @@ class PushPull:
         t1 = time.perf_counter()
         scale = (weight / total) if average else 1.0
         if not ctx.distributed:  # one process: the weighted average of one worker is itself
-            self._account(t1 - t0, 0.0, 0)
+            self._account(t1 - t0, 0.0, 0, 0.0)
+            return False
+        self._step = _Step(scale=scale, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
+                           filled=[0] * len(self._parts), posted=[False] * len(self._parts), overlapped=overlapped)
+        return True
+
+    def ready(self, index: int, tensor: torch.Tensor) -> None:
+        """Tensor `index` of the current push_pull is final: copy it out and send every
+        partition it completes (overlap: called from a gradient hook)."""
+        st = self._step
+        if st is None or st.done[index]:
             return
-        self._fill(named, scale)
-        if ctx.comm.mode == "allreduce":
-            if ctx.bucket is not None:  # a ring moves 2(n-1)/n of the buffer through each uplink
-                n = ctx.num_workers
-                ctx.bucket.consume(int(2 * (n - 1) / n * self._send.numel() * 4))
-            try:
-                dist.all_reduce(self._send, group=ctx.worker_group)
-            except RuntimeError as err:
-                raise ctx.peer_error("all-reducing gradients", [], err) from None
-            result = self._send
+        st.done[index] = True
+        a, b = self._bounds[index], self._bounds[index + 1]
+        dst = self._send[a:b]
+        dst.copy_(tensor.detach().reshape(-1))
+        if st.scale != 1.0:
+            dst.mul_(st.scale)
+        if self.ctx.comm.mode == "allreduce":
+            return
+        for pid, n in self._touches[index]:
+            st.filled[pid] += n
+        for pid, n in self._touches[index]:
+            if st.filled[pid] == self._parts[pid].length:
+                st.pending.append(pid)
+        self._flush(st, block=False)
+
+    def finish(self, tensors: list[torch.Tensor]) -> None:
+        """Send what is left, wait for every sum and write the results into `tensors`."""
+        st = self._step
+        if st is None:
+            return
+        t_fin = time.perf_counter()
+        try:
+            for i, t in enumerate(tensors):
+                if not st.done[i]:
+                    self.ready(i, t)
+            if self.ctx.comm.mode == "allreduce":
+                if self.ctx.bucket is not None:  # a ring moves 2(n-1)/n of the buffer through each uplink
+                    n = self.ctx.num_workers
+                    self.ctx.bucket.consume(int(2 * (n - 1) / n * self._send.numel() * 4))
+                try:
+                    dist.all_reduce(self._send, group=self.ctx.worker_group)
+                except RuntimeError as err:
+                    raise self.ctx.peer_error("all-reducing gradients", [], err) from None
+                result = self._send
+                st.t_last = time.perf_counter()
+            else:
+                self._flush(st, block=True)
+                while st.inflight:
+                    self._retire(st, st.inflight.popleft())
+                result = self._recv
+            self._unfill(tensors, result)
+        finally:
+            self._step = None
+        end = time.perf_counter()
+        if self.ctx.comm.mode == "allreduce":
             moved = self._send.numel() * 4
+            st.bytes_out = st.bytes_in = moved
+        if st.overlapped:
+            span = max(st.t_last, t_fin) - min(st.t_first or t_fin, t_fin)
+            exposed = end - t_fin
+            hidden = max(0.0, span - exposed)
         else:
-            self._exchange_partitions()
-            result = self._recv
-            moved = self._send.numel() * 4
-        self._unfill(named, result)
-        self._account(t1 - t0, time.perf_counter() - t1, moved)
+            exposed, hidden = end - st.t_begin, 0.0
+        self._account(st.wait_s, exposed, st.bytes_out, hidden, st.bytes_in)
+
+    def is_ready(self, index: int) -> bool:
+        """Whether tensor `index` of the push_pull in flight was already handed over."""
+        return self._step is not None and self._step.done[index]
+
+    @property
+    def in_flight(self) -> bool:
+        return self._step is not None
 
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
+        if self.ctx.distributed and self._server_ranks and not self.ctx.failed and self.ctx.comm.sync != "sync":
+            from .async_ps import send_stop
+
+            send_stop(self.ctx)
+            return
         if self.ctx.distributed and self._server_ranks and not self.ctx.failed:
             try:
                 exchange_header(stop=True, is_worker=True)
@@ -123,57 +213,136 @@ class PushPull:
         self._send = torch.empty(numel, dtype=torch.float32)
         self._recv = torch.empty(numel, dtype=torch.float32)
         self._parts = plan_for(self.ctx, numel) if self._server_ranks else []
+        self._bounds = [0]
+        for e in manifest.entries:
+            self._bounds.append(self._bounds[-1] + e.numel)
+        starts = [p.start for p in self._parts]
+        self._touches = []  # per tensor: (pid, elements of that partition it fills)
+        for i in range(len(manifest.entries)):
+            a, b = self._bounds[i], self._bounds[i + 1]
+            touch = []
+            j = max(0, bisect.bisect_right(starts, a) - 1)
+            while j < len(self._parts) and self._parts[j].start < b:
+                p = self._parts[j]
+                n = min(b, p.start + p.length) - max(a, p.start)
+                if n > 0:
+                    touch.append((j, n))
+                j += 1
+            self._touches.append(touch)
+        self._wire = None
+        if self._parts:
+            codecs = wire_codecs(self.ctx, manifest)
+            self._wire = wire_plan(self._parts, manifest, codecs)
+        if self._wire is not None:
+            total = payload_bytes(self._wire)
+            self._psend = torch.zeros(total, dtype=torch.uint8)
+            self._precv = torch.zeros(total, dtype=torch.uint8)
+            self._feedback = ErrorFeedback(numel)
+            self._unit = 1  # credit counted in payload bytes
+            sizes = [w.nbytes for w in self._wire]
+        else:
+            self._unit = 4
+            sizes = [p.length * 4 for p in self._parts]
+        self._sizes = sizes
         credit = self.ctx.comm.credit_bytes or 2 * self.ctx.comm.partition_bytes * max(1, len(self._server_ranks))
-        self._credit_elems = max(1, credit // 4)
+        self._credit = max(1, credit)
+        self._unlimited = self.ctx.comm.overlap and not self.ctx.comm.credit_bytes
 
-    def _fill(self, named, scale: float) -> None:
+    def _unfill(self, tensors, result: torch.Tensor) -> None:
         off = 0
-        for _, t in named:
-            n = t.numel()
-            dst = self._send[off: off + n]
-            dst.copy_(t.detach().reshape(-1))
-            if scale != 1.0:
-                dst.mul_(scale)
-            off += n
-
-    def _unfill(self, named, result: torch.Tensor) -> None:
-        off = 0
-        for _, t in named:
+        for t in tensors:
             n = t.numel()
             t.copy_(result[off: off + n].view_as(t))
             off += n
 
-    def _exchange_partitions(self) -> None:
-        """Priority-ordered partitions under a credit window of bytes in flight."""
-        inflight: deque = deque()
-        used = 0
-        for p in self._parts:
-            while inflight and used + p.length > self._credit_elems:
-                used -= self._retire(inflight.popleft())
-            dst = self._server_ranks[p.server]
-            g = self.ctx.lane(p.lane)
-            self.ctx.pace(dst, p.length * 4)
-            s = dist.isend(self._send[p.start: p.start + p.length], dst=dst, tag=p.pid, group=g)
-            r = dist.irecv(self._recv[p.start: p.start + p.length], src=dst, tag=p.pid, group=g)
-            inflight.append((p, dst, s, r))
-            used += p.length
-        while inflight:
-            self._retire(inflight.popleft())
+    def _post(self, st: "_Step", pid: int) -> None:
+        p = self._parts[pid]
+        dst = self._server_ranks[p.server]
+        if self._wire is None:
+            sbuf = self._send[p.start: p.start + p.length]
+            rbuf = self._recv[p.start: p.start + p.length]
+        else:
+            w = self._wire[pid]
+            sbuf = self._psend[w.offset: w.offset + w.nbytes]
+            encode_part(w, self._send, sbuf, self._feedback)
+            rbuf = self._precv[w.offset: w.offset + w.nbytes]
+        if st.t_first is None:
+            st.t_first = time.perf_counter()
+        g = self.ctx.lane(p.lane)
+        self.ctx.pace(dst, sbuf.numel() * sbuf.element_size())
+        s = dist.isend(sbuf, dst=dst, tag=p.pid, group=g)
+        r = dist.irecv(rbuf, src=dst, tag=p.pid, group=g)
+        st.inflight.append((pid, dst, s, r))
+        st.used += self._sizes[pid]
+        st.posted[pid] = True
 
-    def _retire(self, item) -> int:
-        p, dst, s, r = item
+    def _flush(self, st: "_Step", block: bool) -> None:
+        """Post pending partitions in priority order while the credit window allows;
+        with block=False never wait (called from backward), with block=True wait as needed."""
+        st.pending.sort(reverse=self._unlimited)
+        while st.pending:
+            pid = st.pending[0]
+            # overlapped steps (and every step under --overlap without --credit-bytes)
+            # post each partition as soon as it is ready: holding one back would idle the
+            # link until the next gradient hook fires, and waiting for an early-posted
+            # (late-layer) sum while an earlier partition is still held back could
+            # deadlock against a server that sums in partition order.
+            limit = float("inf") if (self._unlimited or st.overlapped) else self._credit
+            while st.inflight and st.used + self._sizes[pid] > limit:
+                if not block:
+                    return
+                self._retire(st, st.inflight.popleft())
+            st.pending.pop(0)
+            self._post(st, pid)
+
+    def _retire(self, st: "_Step", item) -> None:
+        pid, dst, s, r = item
         try:
             s.wait()
             r.wait()
         except RuntimeError as err:
-            raise self.ctx.peer_error(f"waiting for the sum of partition {p.pid}", [dst], err) from None
-        return p.length
+            raise self.ctx.peer_error(f"waiting for the sum of partition {pid}", [dst], err) from None
+        st.t_last = time.perf_counter()
+        st.used -= self._sizes[pid]
+        st.bytes_out += self._sizes[pid]
+        st.bytes_in += self._sizes[pid]
+        if self._wire is not None:
+            w = self._wire[pid]
+            decode_part(w, self._precv[w.offset: w.offset + w.nbytes], self._recv)
 
-    def _account(self, wait_s: float, comm_s: float, moved: int) -> None:
+    def _account(self, wait_s: float, comm_s: float, moved: int, hidden_s: float, received: int | None = None) -> None:
         st = self.stats
+        received = moved if received is None else received
         st.steps += 1
         st.wait_s += wait_s
         st.comm_s += comm_s
+        st.hidden_s += hidden_s
         st.bytes_sent += moved
-        st.bytes_received += moved
-        st.per_step.append({"wait_s": wait_s, "comm_s": comm_s, "bytes": moved})
+        st.bytes_received += received
+        st.per_step.append({"wait_s": wait_s, "comm_s": comm_s, "hidden_s": hidden_s, "bytes": moved + received})
+
+
+@dataclass
+class _Step:
+    """Book-keeping of one push_pull in flight."""
+
+    scale: float
+    wait_s: float
+    t_begin: float
+    done: list[bool]
+    filled: list[int]
+    posted: list[bool]
+    overlapped: bool = False
+    pending: list[int] = field(default_factory=list)
+    inflight: deque = field(default_factory=deque)
+    used: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    t_first: float | None = None
+    t_last: float = 0.0
+
+
+def wire_codecs(ctx: Context, manifest: Manifest) -> list[str]:
+    """Each tensor's codec, the same on every rank (config and cluster are shared)."""
+    bw = min(m.bandwidth for m in ctx.cluster.machines) if ctx.cluster else float("inf")
+    return tensor_codecs(manifest, ctx.comm.codec, ctx.comm.codec_rules, bw)

@@ -14,9 +14,11 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.context import Context, init
+from .compress import ErrorFeedback
 from .layout import Manifest, exchange_manifests
 from .partition import Partition, lanes_for, plan_partitions, split_lanes
 from .protocol import check_header, exchange_header
+from .wire import decode_part, encode_part, tensor_codecs, wire_plan
 
 
 def plan_for(ctx: Context, numel: int) -> list[Partition]:
@@ -39,12 +41,28 @@ class SummationServer:
         self.steps = 0
         self.busy_s = 0.0
 
-    def _replan(self, numel: int) -> None:
+    def _replan(self, numel: int, manifest: Manifest | None = None) -> None:
         parts = plan_for(self.ctx, numel)
         self.mine = [p for p in parts if p.server == self.index]
         n = len(self.workers)
-        self.bufs = [torch.empty(n, p.length) for p in self.mine]
-        self.sums = [torch.empty(p.length) for p in self.mine]
+        self.wire = None
+        if manifest is not None and manifest.numel == numel:
+            from .engine import wire_codecs
+
+            wire = wire_plan(parts, manifest, wire_codecs(self.ctx, manifest))
+            if wire is not None:
+                self.wire = [wire[p.pid] for p in self.mine]
+        if self.wire is None:
+            self.bufs = [torch.empty(n, p.length) for p in self.mine]
+            self.sums = [torch.empty(p.length) for p in self.mine]
+        else:
+            # encoded pushes in, decoded to fp32, summed, re-encoded (with the server's own
+            # error feedback, so the downlink loses no mass either) and sent back
+            self.bufs = [torch.empty(n, w.nbytes, dtype=torch.uint8) for w in self.wire]
+            self.sums = [torch.empty(w.nbytes, dtype=torch.uint8) for w in self.wire]
+            self.decoded = [torch.empty(n, p.length) for p in self.mine]
+            self.total = torch.zeros(numel)
+            self.feedback = ErrorFeedback(numel)
 
     def serve_forever(self) -> None:
         while True:
@@ -60,9 +78,10 @@ class SummationServer:
                 self.ctx.failed = True
                 raise
             if h.digest != self.digest:
-                exchange_manifests(None)  # workers publish the new layout; servers need only its size
+                # workers publish the new layout; servers need its size and (for codecs) its tensors
+                manifests = [m for m in exchange_manifests(None) if m is not None]
                 self.digest = h.digest
-                self._replan(h.numel_each)
+                self._replan(h.numel_each, manifests[0] if manifests else None)
             self._round()
             self.steps += 1
 
@@ -72,18 +91,39 @@ class SummationServer:
             g = self.ctx.lane(p.lane)
             recvs.append([dist.irecv(buf[i], src=w, tag=p.pid, group=g) for i, w in enumerate(self.workers)])
         sends = []
-        for p, buf, total, works in zip(self.mine, self.bufs, self.sums, recvs):
-            for w, work in zip(self.workers, works):
-                self._wait(work, w, f"receiving partition {p.pid} from it")
-            t0 = time.perf_counter()
-            torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
-            self.busy_s += time.perf_counter() - t0
-            g = self.ctx.lane(p.lane)
-            for w in self.workers:
-                self.ctx.pace(w, p.length * 4)
-            sends.extend((w, p.pid, dist.isend(total, dst=w, tag=p.pid, group=g)) for w in self.workers)
+        order = list(range(len(self.mine)))
+        if self.ctx.comm.overlap and not self.ctx.comm.credit_bytes:
+            # with --overlap workers post every partition without waiting, in the order
+            # backward produces them (last layers first), also outside DistributedOptimizer
+            order.reverse()
+        for i in order:
+            sends.extend(self._sum_one(i, recvs[i]))
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")
+
+    def _sum_one(self, i: int, works) -> list:
+        p, buf, total = self.mine[i], self.bufs[i], self.sums[i]
+        for w, work in zip(self.workers, works):
+            self._wait(work, w, f"receiving partition {p.pid} from it")
+        t0 = time.perf_counter()
+        if self.wire is None:
+            torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
+        else:
+            self._sum_encoded(i, buf, total)
+        self.busy_s += time.perf_counter() - t0
+        g = self.ctx.lane(p.lane)
+        for w in self.workers:
+            self.ctx.pace(w, total.numel() * total.element_size())
+        return [(w, p.pid, dist.isend(total, dst=w, tag=p.pid, group=g)) for w in self.workers]
+
+    def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
+        w, dec = self.wire[i], self.decoded[i]
+        p = w.part
+        for row in range(buf.shape[0]):
+            decode_part(w, buf[row], dec[row], base=p.start)
+        flat = self.total
+        torch.sum(dec, dim=0, out=flat[p.start: p.start + p.length])
+        encode_part(w, flat, out, self.feedback)
 
     def _wait(self, work, peer: int, what: str) -> None:
         try:
@@ -94,6 +134,19 @@ class SummationServer:
 
 def main() -> int:
     ctx = init()
+    if ctx.comm.sync != "sync":  # async / bounded staleness: servers hold and update the parameters
+        from .async_ps import ParameterServer
+
+        ps = ParameterServer(ctx)
+        try:
+            ps.serve_forever()
+        finally:
+            if dist.is_initialized() and not ctx.failed:
+                dist.destroy_process_group()
+        ps.write_report(ctx.env.run_dir)
+        print(f"{ctx.describe(ctx.rank)}: applied {ps.pushes} pushes ({ctx.comm.sync}); largest clock gap "
+              f"{ps.max_gap}", flush=True)
+        return 0
     server = SummationServer(ctx)
     try:
         server.serve_forever()

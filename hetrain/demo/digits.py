@@ -18,7 +18,9 @@ import torch.nn.functional as F
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
+from hetrain.train.balance import BalanceConfig, Balancer, estimate_memory_per_sample
 from hetrain.train.checkpoint import save_checkpoint
+from hetrain.train.metrics import StepLogger
 from hetrain.train.sampler import GlobalBatchSampler
 from hetrain.train.summary import format_table, gather_stats, write_summary
 
@@ -48,6 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--global-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--cost-per-sample", type=float, default=0.0005,
+                    help="emulated compute: seconds per sample at speed 1 (calibrated device model, so compute "
+                         "grows with the batch as on a real accelerator); 0 stretches the real compute instead")
+    ap.add_argument("--balance", choices=["measured", "equal"], default="measured",
+                    help="batch shares: follow each worker's measured samples/s (default) or equal")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -55,7 +62,8 @@ def main(argv=None) -> int:
     rank, nw = hetrain.rank(), hetrain.size()
     run_dir = ctx.env.run_dir if ctx.env else "runs/single"
     machine = ctx.topology.proc(rank).machine if ctx.topology else None
-    device = EmulatedDevice(machine.device, machine.name, run_dir) if machine else None
+    device = (EmulatedDevice(machine.device, machine.name, run_dir, cost_per_sample=args.cost_per_sample or None)
+              if machine else None)
 
     xtr, ytr, xte, yte = load_digits_split()
     model = make_model()
@@ -63,10 +71,17 @@ def main(argv=None) -> int:
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                        named_parameters=model.named_parameters())
     sampler = GlobalBatchSampler(len(xtr), args.global_batch, nw, seed=1)
+    # balancing keeps synchronous workers finishing together; async workers run at their own pace
+    # memory: activations per sample (measured with forward hooks) and parameters, grads, momentum
+    per_sample = estimate_memory_per_sample(model, xtr[:1])
+    reserved = 3.0 * sum(p.numel() * p.element_size() for p in model.parameters())
+    balancer = (Balancer(ctx, args.global_batch, BalanceConfig(memory_per_sample=per_sample, reserved_bytes=reserved))
+                if args.balance == "measured" and ctx.comm.sync == "sync" else None)
     writer = None
     if rank == 0:
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
+    steplog = StepLogger(ctx, run_dir, writer)
     from tqdm import tqdm
 
     bar = tqdm(range(args.epochs), desc="epochs", file=sys.stdout, disable=rank != 0, ascii=True, mininterval=0)
@@ -75,15 +90,27 @@ def main(argv=None) -> int:
     step = 0
     for epoch in bar:
         for s in range(sampler.steps_per_epoch()):
-            idx = torch.from_numpy(sampler.indices(epoch, s, rank))
+            shares = balancer.sizes if balancer is not None else None
+            idx = torch.from_numpy(sampler.indices(epoch, s, rank, shares))
             opt.zero_grad()
+            opt.set_batch_size(len(idx))  # before backward: --overlap pushes from the gradient hooks
+            t_c = time.perf_counter()
             if device is not None:
-                with device.compute():
+                device.check_memory(len(idx), per_sample, reserved)
+                with device.compute(len(idx)):
                     loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
                     if loss is not None:
                         loss.backward()
-            opt.set_batch_size(len(idx))
+            else:
+                loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
+                if loss is not None:
+                    loss.backward()
+            compute_s = time.perf_counter() - t_c
             opt.step()
+            if balancer is not None:
+                balancer.record(len(idx), compute_s)
+                balancer.update()
+            steplog.log(step, len(idx), compute_s, hetrain.engine().stats)
             samples += len(idx)
             step += 1
             if writer is not None and loss is not None:
@@ -107,11 +134,14 @@ def main(argv=None) -> int:
         print(f"\ndigits demo: test accuracy {acc:.4f} after {args.epochs} epochs; {sps:.0f} samples/s; "
               f"mode {ctx.comm.mode}; {nw} workers")
         print(format_table(rows, labels))
+        print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
+        print(steplog.summary())
         path = write_summary(run_dir, {"accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
                                        "mode": ctx.comm.mode, "ranks": dict(zip(labels, rows))})
         print(f"summary: {path}; TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}")
         writer.add_scalar("summary/samples_per_s", sps, 0)
         writer.close()
+    steplog.close()
     hetrain.shutdown()
     return 0
 

@@ -16,6 +16,16 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
     p.add_argument("--max-lanes", type=int, default=4,
                    help="parallel connections per summation server, proportional to its byte share")
+    p.add_argument("--codec", default="fp32", choices=["fp32", "fp16", "int8", "int4", "auto"],
+                   help="gradient compression with error feedback (auto: by link bandwidth and tensor size)")
+    p.add_argument("--codec-rule", action="append", default=[], metavar="GLOB=CODEC",
+                   help="per-tensor codec, e.g. '*.bias=fp32' (repeatable, first match wins)")
+    p.add_argument("--overlap", action="store_true",
+                   help="push each layer's gradient while backward continues (DistributedOptimizer)")
+    p.add_argument("--sync", choices=["sync", "async", "stale"], default="sync",
+                   help="training mode: synchronous (default), asynchronous, or bounded staleness (--staleness)")
+    p.add_argument("--staleness", type=int, default=0,
+                   help="with --sync stale: the fastest worker runs at most this many steps ahead of the slowest")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -30,7 +40,9 @@ def _launch_config(args, argv: list[str]):
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
     comm = CommConfig(mode=args.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
-                      timeout_s=args.timeout, max_lanes=args.max_lanes)
+                      timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
+                      codec_rules=tuple(args.codec_rule),
+                      overlap=args.overlap, sync=args.sync, staleness=args.staleness)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

@@ -22,6 +22,11 @@ class CommConfig:
     credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
     timeout_s: float = 60.0  # a lost peer is reported within this time
     max_lanes: int = 4  # parallel connections per server, ∝ its share (1 = one per pair)
+    codec: str = "fp32"  # gradient codec: fp32, fp16, int8, int4 or auto (by link bandwidth and tensor size)
+    codec_rules: tuple[str, ...] = ()  # per-tensor overrides, NAME_GLOB=CODEC, first match wins
+    overlap: bool = False  # push each gradient as soon as backward produces it
+    sync: str = "sync"  # sync (default), async, or stale (bounded staleness, bound `staleness`)
+    staleness: int = 0  # stale: the fastest worker is at most this many steps ahead of the slowest
 
     def __post_init__(self) -> None:
         from ..errors import UserError
@@ -37,6 +42,25 @@ class CommConfig:
             raise UserError("timeout_s must be positive")
         if not 1 <= self.max_lanes <= 16:
             raise UserError(f"max_lanes={self.max_lanes} must be between 1 and 16")
+        from ..comm.compress import CODECS, parse_rules
+
+        object.__setattr__(self, "codec_rules", tuple(self.codec_rules))
+        if self.codec not in CODECS + ("auto",):
+            raise UserError(f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS + ('auto',))}")
+        parse_rules(self.codec_rules)
+        if self.sync not in ("sync", "async", "stale"):
+            raise UserError(f"unknown training mode sync={self.sync!r}; choose sync, async or stale")
+        if self.staleness < 0:
+            raise UserError(f"staleness bound must be >= 0 steps, got {self.staleness}")
+        if self.sync != "sync" and self.mode == "allreduce":
+            raise UserError(f"sync={self.sync} needs parameter servers that hold the parameters; "
+                            "use mode ps, byteps or colocated")
+        if self.sync != "sync" and (self.codec != "fp32" or self.codec_rules):
+            raise UserError(f"codecs are available in synchronous training only; drop --codec or use sync={self.sync!r} "
+                            "with fp32")
+        if self.mode == "allreduce" and (self.codec != "fp32" or self.codec_rules):
+            raise UserError("gradient codecs need summation servers to decode and add what workers send; "
+                            "use mode byteps, ps or colocated, or codec fp32 with mode allreduce")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,250 @@
+"""Asynchronous and bounded-staleness training: parameter servers that hold parameters.
+
+In these modes the summation servers become classic parameter servers. Each server
+holds its partitions of the flat parameter vector (the same single partitioner as the
+synchronous modes) and applies SGD (with momentum) to every gradient as it arrives.
+A worker pushes its gradient, then pulls the latest parameters, without waiting for
+the other workers.
+
+Bounded staleness (SSP, staleness bound s): every worker's clock counts its pushes; a
+server holds back a worker's pull while that worker is more than s clocks ahead of the
+slowest running worker, so the fastest worker never gets more than s steps ahead
+(s = 0 is lock-step). Asynchronous mode is the same with no bound.
+
+Each push is scaled by the pushing worker's share of the batch, b_i / Σ_j b_j (the
+latest batch size of every worker), so a round of pushes, one per worker, moves the
+parameters as one synchronous step on the global batch would, and the same learning
+rate works in every mode.
+
+Wire format: a float64 control tensor [kind, worker, clock, lr, momentum, numel, batch] with
+a fixed tag, then a float32 slice; servers listen to any worker for control tensors.
+Replies carry the parameters plus [server version, slowest clock]. Nothing is pickled.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+from ..runtime.context import Context
+from .partition import Partition
+
+CTRL_TAG, DATA_TAG, PARAM_TAG = 1 << 20, (1 << 20) + 1, (1 << 20) + 2
+SETUP, PUSH, STOP = 1.0, 2.0, 3.0
+CTRL_LEN = 7
+
+
+def bound_of(ctx: Context) -> float:
+    """The staleness bound s of the job (inf for fully asynchronous)."""
+    return math.inf if ctx.comm.sync == "async" else float(ctx.comm.staleness)
+
+
+def server_index(parts: list[Partition], j: int) -> torch.Tensor:
+    """Flat-buffer elements that server j holds, in partition order."""
+    mine = [torch.arange(p.start, p.start + p.length) for p in parts if p.server == j]
+    return torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64)
+
+
+class AsyncClient:
+    """Worker side: push a gradient, pull fresh parameters (optimizer runs on servers)."""
+
+    def __init__(self, ctx: Context, named_params: list[tuple[str, torch.Tensor]], lr: float, momentum: float = 0.0):
+        from .server import plan_for
+
+        if not ctx.topology or not ctx.topology.servers:
+            raise UserError(f"sync mode {ctx.comm.sync!r} needs parameter servers; use mode ps, byteps or colocated")
+        self.ctx = ctx
+        self.params = [p for _, p in named_params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.servers = [p.rank for p in ctx.topology.servers]
+        parts = plan_for(ctx, self.numel)
+        self.index = [server_index(parts, j) for j in range(len(self.servers))]
+        self.worker = ctx.topology.proc(ctx.rank).index
+        self.lr, self.momentum = float(lr), float(momentum)
+        self.clock = 0
+        self.batch = 1
+        self.bound = bound_of(ctx)
+        self.max_gap = 0  # largest (my clock − slowest clock) seen when a pull returned
+        self.wait_s = 0.0  # time blocked on pulls (includes being held back by the bound)
+        self.bytes = 0
+        self._replies = [torch.zeros(len(ix) + 2) for ix in self.index]
+        self._exchange(SETUP, self._flat_params())
+
+    def _flat_params(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).float() for p in self.params])
+
+    def _exchange(self, kind: float, flat: torch.Tensor | None) -> None:
+        """Send a control tensor (and a slice) to every server; unless stopping, pull
+        the parameters back. Receives are posted first and sends are non-blocking, so
+        no cycle of blocked sends can form between workers and servers."""
+        pull = kind != STOP
+        recvs = [dist.irecv(buf, src=src, tag=PARAM_TAG) for buf, src in zip(self._replies, self.servers)] if pull else []
+        ctrl = torch.tensor([kind, self.worker, self.clock, self.lr, self.momentum, self.numel, self.batch],
+                            dtype=torch.float64)
+        sends = []
+        for j, dst in enumerate(self.servers):
+            sends.append((dst, dist.isend(ctrl, dst=dst, tag=CTRL_TAG), ctrl))
+            if flat is not None:
+                payload = flat[self.index[j]].contiguous()
+                sends.append((dst, dist.isend(payload, dst=dst, tag=DATA_TAG), payload))
+                self.bytes += payload.numel() * 4
+        t0 = time.perf_counter()
+        for dst, w, _ in sends:
+            self._wait(w, dst, "pushing to it")
+        for w, src in zip(recvs, self.servers):
+            self._wait(w, src, "pulling parameters from it")
+        self.wait_s += time.perf_counter() - t0
+        if pull:
+            self._apply()
+
+    def _wait(self, work, peer: int, what: str) -> None:
+        try:
+            work.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error(what, [peer], err) from None
+
+    def _apply(self) -> None:
+        flat = torch.empty(self.numel)
+        for ix, buf in zip(self.index, self._replies):
+            flat[ix] = buf[:-2]
+            self.bytes += buf.numel() * 4
+            self.max_gap = max(self.max_gap, int(self.clock - buf[-1].item()))
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[off: off + n].view_as(p))
+                off += n
+
+    def step(self, lr: float | None = None, batch_size: int | None = None) -> None:
+        """Push this worker's gradients (p.grad, the mean over its `batch_size` samples)
+        and replace the parameters by the latest."""
+        if lr is not None:
+            self.lr = float(lr)
+        if batch_size is not None:
+            self.batch = max(0, int(batch_size))
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
+                           for p in self.params])
+        self.clock += 1
+        self._exchange(PUSH, grads)
+
+    def shutdown(self) -> None:
+        if not self.ctx.failed:
+            self._exchange(STOP, None)
+
+
+def send_stop(ctx: Context) -> None:
+    """Tell every parameter server this worker is done (also when it never pushed)."""
+    ctrl = torch.tensor([STOP, ctx.topology.proc(ctx.rank).index, 0, 0, 0, 0, 0], dtype=torch.float64)
+    for s in ctx.topology.servers:
+        try:
+            dist.send(ctrl, dst=s.rank, tag=CTRL_TAG)
+        except RuntimeError as err:
+            raise ctx.peer_error("telling the parameter servers the job is over", [s.rank], err) from None
+
+
+class ParameterServer:
+    """Server side: hold parameters, apply each push, release pulls within the bound."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.index = ctx.topology.proc(ctx.rank).index
+        self.workers = ctx.topology.worker_ranks
+        self.bound = bound_of(ctx)
+        self.params: torch.Tensor | None = None
+        self.velocity: torch.Tensor | None = None
+        self.version = 0
+        self.clocks = {w: 0 for w in self.workers}
+        self.batches: dict[int, float | None] = {w: None for w in self.workers}  # latest batch size per worker
+        self.stopped: set[int] = set()
+        self.waiting: list[int] = []  # workers whose pull is held back
+        self.max_gap = 0
+        self.pushes = 0
+        self.sends: list = []
+
+    def _slowest(self) -> float:
+        running = [c for w, c in self.clocks.items() if w not in self.stopped]
+        return min(running) if running else max(self.clocks.values())
+
+    def _release(self) -> None:
+        slowest = self._slowest()
+        still = []
+        for w in self.waiting:
+            gap = self.clocks[w] - slowest
+            if gap <= self.bound:
+                self.max_gap = max(self.max_gap, int(gap))
+                reply = torch.cat([self.params, torch.tensor([float(self.version), float(slowest)])])
+                self.sends.append((w, dist.isend(reply, dst=w, tag=PARAM_TAG), reply))
+            else:
+                still.append(w)
+        self.waiting = still
+        keep = []
+        for w, work, buf in self.sends:  # retire finished replies without blocking
+            if work.is_completed():
+                self._wait(work, w)
+            else:
+                keep.append((w, work, buf))
+        self.sends = keep
+
+    def _wait(self, work, peer: int) -> None:
+        try:
+            work.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error("returning parameters to it", [peer], err) from None
+
+    def serve_forever(self) -> None:
+        from .server import plan_for
+
+        ctrl = torch.zeros(CTRL_LEN, dtype=torch.float64)
+        index = None
+        while len(self.stopped) < len(self.workers):
+            try:
+                src = dist.recv(ctrl, src=None, tag=CTRL_TAG)
+            except RuntimeError as err:
+                raise self.ctx.peer_error("waiting for a push", [], err) from None
+            kind, _, clock, lr, momentum, numel, batch = ctrl.tolist()
+            if kind == STOP:
+                self.stopped.add(src)
+            else:
+                if index is None:
+                    index = server_index(plan_for(self.ctx, int(numel)), self.index)
+                data = torch.empty(len(index))
+                try:
+                    dist.recv(data, src=src, tag=DATA_TAG)
+                except RuntimeError as err:
+                    raise self.ctx.peer_error("receiving a push", [src], err) from None
+                if kind == SETUP:
+                    if self.params is None:  # every worker starts from the same parameters
+                        self.params = data.clone()
+                        self.velocity = torch.zeros_like(data)
+                else:
+                    self.batches[src] = batch
+                    known = [b for b in self.batches.values() if b is not None]
+                    total = sum(known) + batch * (len(self.workers) - len(known))
+                    if total > 0:
+                        data.mul_(batch / total)
+                    else:
+                        data.zero_()
+                    if momentum:
+                        self.velocity.mul_(momentum).add_(data)
+                        self.params.add_(self.velocity, alpha=-lr)
+                    else:
+                        self.params.add_(data, alpha=-lr)
+                    self.version += 1
+                    self.pushes += 1
+                self.clocks[src] = int(clock)
+                self.waiting.append(src)
+            self._release()
+        for w, work, _ in self.sends:
+            self._wait(work, w)
+
+    def write_report(self, run_dir: str) -> None:
+        path = Path(run_dir) / f"ps-server{self.index}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"bound": None if math.isinf(self.bound) else self.bound,
+                                    "max_gap": self.max_gap, "pushes": self.pushes, "version": self.version}))

@@ -1,0 +1,87 @@
+"""`hetrain report RUN_DIR`: PNG plots of a run's per-rank shares, step-time split and
+bytes, from the `steps.jsonl` the training loop's StepLogger writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def load_steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "steps.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run a job that logs steps (e.g. `hetrain demo --run-dir {run_dir}`)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise UserError(f"{path} is empty: the run logged no steps")
+    return rows
+
+
+def make_report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    run_dir = Path(run_dir)
+    rows = load_steps(run_dir)
+    out = Path(out) if out else run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    labels = list(rows[0]["ranks"])
+    steps = np.array([r["step"] for r in rows])
+    get = lambda k: np.array([[r["ranks"][lab][k] for lab in labels] for r in rows])  # noqa: E731
+    samples = get("samples")
+    shares = samples / np.maximum(samples.sum(1, keepdims=True), 1)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.stackplot(steps, shares.T, labels=labels)
+    ax.set(xlabel="step", ylabel="share of the global batch", title="Per-rank batch shares", ylim=(0, 1))
+    ax.legend(loc="upper right", fontsize="small")
+    written.append(out / "shares.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for k, name in (("compute_s", "compute"), ("comm_s", "communication (exposed)"), ("wait_s", "waiting")):
+        v = get(k).sum(0)
+        ax.bar(x - 0.15, v, width=0.3, bottom=bottom, label=name)
+        bottom += v
+    ax.bar(x + 0.2, get("hidden_s").sum(0), width=0.2, color="grey", hatch="//",
+           label="communication hidden behind compute")
+    ax.set_xticks(x, labels)
+    ax.set(ylabel="seconds (whole run)", title="Step-time split per rank")
+    ax.legend(fontsize="small")
+    written.append(out / "time_split.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, lab in enumerate(labels):
+        ax.plot(steps, get("bytes")[:, i] / 1e6, label=lab)
+    ax.set(xlabel="step", ylabel="MB on the wire (sent + received)", title="Bytes per step")
+    ax.legend(fontsize="small")
+    written.append(out / "bytes.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return written
+
+
+def _cmd_report(args) -> int:
+    paths = make_report(args.run_dir, args.out)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="draw a run's shares, step-time split and bytes as PNG plots",
+                       description="Read RUN_DIR/steps.jsonl (written while training) and draw shares.png, "
+                                   "time_split.png and bytes.png into RUN_DIR/report (or --out).")
+    p.add_argument("run_dir", help="the job's --run-dir")
+    p.add_argument("--out", help="folder for the PNGs (default RUN_DIR/report)")
+    p.set_defaults(func=_cmd_report)
