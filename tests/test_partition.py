@@ -40,6 +40,16 @@ def test_lp_split_reproduces_closed_form(n, k):
         assert np.allclose(plan.gpu_bytes, m_gpu, atol=1e-6)
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(3, 12), k=st.integers(0, 12), bw=st.sampled_from([1e6, 5e7, 1.25e9, 1.25e10, 5e10]))
+def test_lp_split_is_scale_free(n, k, bw):
+    """Real NIC speeds (up to 400 Gbit/s) must not degrade the LP (a bug once: 10 Gbit/s)."""
+    plan = optimal_split(8e6, np.full(n, bw), np.full(k, bw))
+    assert plan.time_s == pytest.approx(byteps_time(8e6, n, k, bw), rel=1e-6)
+    if k == 0:
+        assert np.allclose(plan.gpu_bytes, 8e6 / n, rtol=1e-6)
+
+
 def test_special_cases_of_the_formula():
     n, m, b = 8, 1e8, 1e9
     assert byteps_time(m, n, 0, b) == pytest.approx(ring_allreduce_time(m, n, b))  # k=0 is all-reduce

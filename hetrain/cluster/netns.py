@@ -56,6 +56,7 @@ class NetnsCluster:
     cluster: ClusterSpec
     slot: int = field(default_factory=lambda: random.randint(1, 250))
     namespaces: dict[str, str] = field(default_factory=dict)  # machine -> namespace
+    qdisc_used: str = "fifo"
     addresses: dict[str, str] = field(default_factory=dict)  # machine -> IP
     _created: list[list[str]] = field(default_factory=list)
 
@@ -101,11 +102,7 @@ class NetnsCluster:
                 burst = f"{max(64, int(m.bandwidth / 250 / 1024))}kb"
                 for cmd in (["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner],
                             ["tc", "qdisc", "add", "dev", outer]):
-                    if lat > 0:
-                        _run(cmd + ["root", "handle", "1:", "netem", "delay", f"{lat / 2}ms"])
-                        _run(cmd + ["parent", "1:1", "handle", "10:", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
-                    else:
-                        _run(cmd + ["root", "tbf", "rate", rate, "burst", burst, "latency", "100ms"])
+                    self._shape(cmd, rate, burst)
                 self.namespaces[m.name] = ns
                 self.addresses[m.name] = addr
                 machines.append(m.model_copy(update={"address": addr}))
@@ -113,6 +110,31 @@ class NetnsCluster:
             self.down()
             raise
         return self.cluster.model_copy(update={"machines": tuple(machines)})
+
+    def _shape(self, cmd: list[str], rate: str, burst: str) -> None:
+        net = self.cluster.network
+        parent = ["root"]
+        if net.latency_ms > 0:
+            r = subprocess.run(cmd + ["root", "handle", "1:", "netem", "delay", f"{net.latency_ms / 2}ms"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise UserError(f"latency_ms needs the kernel's netem qdisc (sch_netem), which this host lacks "
+                                f"({r.stderr.strip()}); set network.latency_ms: 0")
+            parent = ["parent", "1:1"]
+        _run(cmd + parent + ["handle", "10:", "tbf", "rate", rate, "burst", burst, "latency", f"{net.queue_ms:g}ms"])
+        if net.qdisc == "fifo":
+            return
+        # tbf alone is one deep FIFO: a NIC that sends and receives at full rate queues
+        # its ACKs behind the data and slows its own downloads. fq_codel (Linux's default
+        # qdisc) keeps queues short and serves sparse flows such as ACK streams first.
+        r = subprocess.run(cmd + ["parent", "10:1", "handle", "20:", "fq_codel"], capture_output=True, text=True)
+        if r.returncode != 0:
+            if net.qdisc == "fq_codel":
+                raise UserError(f"network.qdisc: fq_codel is not available on this kernel ({r.stderr.strip()}); "
+                                "use qdisc: auto or fifo")
+            self.qdisc_used = "fifo"
+        else:
+            self.qdisc_used = "fq_codel"
 
     def down(self) -> None:
         for cmd in reversed(self._created):

@@ -104,6 +104,9 @@ class NetworkSpec(_Strict):
 
     emulate: Emulation = "none"
     latency_ms: float = Field(default=0.0, ge=0)
+    # netns: the queue behind each tbf shaper; auto = fq_codel where the kernel has it
+    qdisc: Literal["auto", "fq_codel", "fifo"] = "auto"
+    queue_ms: float = Field(default=100.0, gt=0, le=1000)  # tbf's FIFO depth, in time at the link rate
 
 
 class ClusterSpec(_Strict):

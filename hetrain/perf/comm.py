@@ -89,6 +89,10 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
         raise ValueError("bandwidths must be positive")
     if n == 1:
         return SplitPlan(np.array([float(nbytes)]), np.zeros(k), 0.0)
+    # Solve in units of the fastest NIC: raw bytes/s (1e9 and up) give coefficients
+    # below HiGHS's small-value threshold, which it drops, returning a degenerate split.
+    scale = float(max(worker_bw.max(), cpu_bw.max() if k else 0.0))
+    worker_bw, cpu_bw = worker_bw / scale, cpu_bw / scale
     # variables: m_0..m_{n-1}, c_0..c_{k-1}, T   (in units of M, so the LP is well scaled)
     nv = n + k + 1
     cost = np.zeros(nv)
@@ -114,7 +118,7 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
         raise RuntimeError(f"split LP failed: {res.message}")
     x = np.clip(res.x, 0.0, None)
     m = x[: n + k] / x[: n + k].sum() * nbytes
-    return SplitPlan(m[:n], m[n:], float(x[-1]) * nbytes)
+    return SplitPlan(m[:n], m[n:], float(x[-1]) * nbytes / scale)
 
 
 def transfer_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:

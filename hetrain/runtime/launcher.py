@@ -125,6 +125,8 @@ class Launcher:
         try:
             if self.netns is not None:
                 cluster = self.netns.up()
+                self._log(f"hetrain: emulated network: {len(cluster.machines)} namespaces on bridge "
+                          f"{self.netns.bridge}, tbf-shaped links, {self.netns.qdisc_used} queues")
             return self._run(cluster)
         finally:
             self._stop_all(grace=3.0)
