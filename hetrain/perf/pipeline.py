@@ -70,6 +70,7 @@ class Workload:
     bandwidth: np.ndarray           # (R,) bytes/s per instance NIC, each direction
     stored_act_bytes: np.ndarray | None = None  # (L,) kept for backward; defaults to act_bytes
     type_names: tuple[str, ...] = ()
+    type_kinds: tuple[str, ...] = ()   # "cpu" / "gpu" per type (for baselines and reports)
     layer_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -154,13 +155,15 @@ class StageTables:
     """Every possible stage: arrays indexed [i, j, r] = layers i..j-1 on type r.
 
     ``k`` is the smallest instance count meeting the target (inf: impossible);
-    ``hourly`` = k·price (inf when impossible); ``T`` the per-instance time per sample.
+    ``hourly`` = k·price (inf when impossible); ``T`` the per-instance time per sample;
+    ``k_raw`` the smallest k ignoring the available count (how far over it a stage is).
     """
 
     T: np.ndarray
     k: np.ndarray
     hourly: np.ndarray
     target: float
+    k_raw: np.ndarray | None = None
 
     @property
     def n_layers(self) -> int:
@@ -192,12 +195,13 @@ def stage_tables(w: Workload, target: float, params: CostParams = CostParams()) 
     pd, ps, st = cs(w.dense_param_bytes), cs(w.sparse_param_bytes), cs(w.stored_act_bytes)
     valid = (np.arange(L + 1)[:, None] < np.arange(L + 1)[None, :])[:, :, None]
     T = np.where(valid, T, INF)
-    k = min_instances(T, pd, ps, st, w.bandwidth[None, None, :], w.memory[None, None, :],
-                      w.count[None, None, :], target, params)
-    k = np.where(valid, k, INF)
+    k_raw = min_instances(T, pd, ps, st, w.bandwidth[None, None, :], w.memory[None, None, :],
+                          INF, target, params)
+    k_raw = np.where(valid, k_raw, INF)
+    k = np.where(k_raw <= w.count[None, None, :], k_raw, INF)
     hourly = k * w.price[None, None, :]
     hourly = np.where(np.isfinite(k), hourly, INF)
-    return StageTables(T=T, k=k, hourly=hourly, target=float(target))
+    return StageTables(T=T, k=k, hourly=hourly, target=float(target), k_raw=k_raw)
 
 
 # ---------------------------------------------------------------- whole plan
@@ -296,11 +300,15 @@ def evaluate(w: Workload, assignment, target: float, params: CostParams = CostPa
     return PlanScore(a, tuple(out), float(thr), hourly, feasible, "; ".join(reasons), tuple(int(u) for u in used))
 
 
-def score_assignments(tables: StageTables, w: Workload, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def score_assignments(tables: StageTables, w: Workload, assignments: np.ndarray,
+                      raw: bool = False) -> tuple[np.ndarray, ...]:
     """Price per hour of many plans at once (B, L) -> (hourly (B,), violation (B,)).
 
-    hourly is inf where a stage is impossible; violation = instances over the available
-    count summed over types, plus the number of impossible stages (0 when feasible).
+    hourly is inf for infeasible plans; violation (0 exactly when feasible) = Σ over types
+    of (instances needed - available)/available where positive, plus the number of stages
+    that cannot meet the target or fit at any count: a graded penalty for a learner.
+    With ``raw=True`` also returns the price ignoring the available counts (inf only when
+    a stage is impossible at any count) and the number of impossible stages.
     Uses the same stage tables as `exact`, so all planners score plans identically.
     """
     A = np.asarray(assignments, dtype=np.int64)
@@ -317,14 +325,17 @@ def score_assignments(tables: StageTables, w: Workload, assignments: np.ndarray)
     last[:-1] = rows[1:] != rows[:-1]
     nxt[last] = L
     types = A[rows, starts]
-    k = tables.k[starts, nxt, types]
+    k = (tables.k_raw if tables.k_raw is not None else tables.k)[starts, nxt, types]
     bad = ~np.isfinite(k)
     hourly_stage = np.where(bad, 0.0, k * w.price[types])
     hourly = np.bincount(rows, weights=hourly_stage, minlength=Bn)
     nbad = np.bincount(rows, weights=bad.astype(float), minlength=Bn)
-    used = np.zeros((Bn, R))
-    np.add.at(used, (rows, types), np.where(bad, 0.0, k))
-    over = np.clip(used - w.count[None, :], 0, None).sum(axis=1)
+    used = np.zeros(Bn * R)
+    np.add.at(used, rows * R + types, np.where(bad, 0.0, k))
+    over = (np.clip(used.reshape(Bn, R) - w.count[None, :], 0, None) / w.count[None, :]).sum(axis=1)
     violation = over + nbad
-    hourly = np.where(nbad > 0, INF, hourly)
+    price_raw = np.where(nbad > 0, INF, hourly)
+    hourly = np.where(violation > 0, INF, hourly)
+    if raw:
+        return hourly, violation, price_raw, nbad
     return hourly, violation

@@ -100,7 +100,7 @@ class ModelProfile(_Strict):
             stored_act_bytes=np.array([l.stored_act_bytes for l in self.layers]),
             dense_param_bytes=np.array([l.dense_param_bytes for l in self.layers]),
             sparse_param_bytes=np.array([l.sparse_param_bytes for l in self.layers]),
-            type_names=catalogue.names, layer_names=tuple(l.name for l in self.layers), **arr)
+            type_names=catalogue.names, type_kinds=tuple(t.kind for t in catalogue.types), layer_names=tuple(l.name for l in self.layers), **arr)
 
 
 def parse_profile(data: object, source: str = "<dict>") -> ModelProfile:
