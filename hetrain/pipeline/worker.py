@@ -42,19 +42,22 @@ def _tag(mb: int, i: int) -> int:
 
 
 def send_tensors(ts: list[torch.Tensor], dst: int, mb: int) -> list:
-    """isend a header (count, dtype, ndim, dims per tensor) then the tensors; returns
-    (work, buffer) pairs the caller keeps until they complete."""
+    """isend a header (count, then dtype, ndim, dims per tensor) and the tensors packed
+    into one float32 and one int64 buffer; returns (work, buffer) pairs the caller keeps
+    until they complete."""
     h = [len(ts)]
     for t in ts:
         h += [_CODES[t.dtype], t.dim(), *t.shape]
-    if len(h) > HDR_LEN or len(ts) > 62:
+    if len(h) > HDR_LEN:
         raise ValueError(f"{len(ts)} tensors do not fit in one message header")
     hdr = torch.zeros(HDR_LEN, dtype=torch.int64)
     hdr[: len(h)] = torch.tensor(h)
     out = [(dist.isend(hdr, dst, tag=_tag(mb, 0)), hdr)]
-    for i, t in enumerate(ts):
-        t = t.detach().contiguous()
-        out.append((dist.isend(t, dst, tag=_tag(mb, i + 1)), t))
+    for code, dt in _DTYPES.items():
+        part = [t.detach().reshape(-1) for t in ts if t.dtype == dt]
+        if part:
+            flat = torch.cat(part)
+            out.append((dist.isend(flat, dst, tag=_tag(mb, 1 + code)), flat))
     return out
 
 
@@ -62,16 +65,26 @@ def recv_tensors(src: int, mb: int) -> list[torch.Tensor]:
     hdr = torch.empty(HDR_LEN, dtype=torch.int64)
     dist.recv(hdr, src, tag=_tag(mb, 0))
     h = hdr.tolist()
-    n, pos, out = h[0], 1, []
-    for i in range(n):
+    n, pos, metas = h[0], 1, []
+    for _ in range(n):
         code, nd = h[pos], h[pos + 1]
         shape = h[pos + 2: pos + 2 + nd]
         pos += 2 + nd
-        if code not in _DTYPES or nd < 0 or any(d < 0 for d in shape):
+        if code not in _DTYPES or nd < 0 or any(d < 0 for d in shape) or pos > HDR_LEN:
             raise RuntimeError(f"malformed activation header from rank {src}")
-        t = torch.empty(shape, dtype=_DTYPES[code])
-        dist.recv(t, src, tag=_tag(mb, i + 1))
-        out.append(t)
+        metas.append((code, shape))
+    flats = {}
+    for code, dt in _DTYPES.items():
+        total = sum(int(torch.Size(sh).numel()) for c, sh in metas if c == code)
+        if total:
+            flats[code] = torch.empty(total, dtype=dt)
+            dist.recv(flats[code], src, tag=_tag(mb, 1 + code))
+    out, off = [], {c: 0 for c in _DTYPES}
+    for code, shape in metas:
+        k = int(torch.Size(shape).numel())
+        out.append(flats[code][off[code]: off[code] + k].view(shape).clone() if k else
+                   torch.empty(shape, dtype=_DTYPES[code]))
+        off[code] += k
     return out
 
 
@@ -95,22 +108,45 @@ class PSEmbedding(nn.Module):
 
 
 class Pacer:
-    """Pads work to the cost model's emulated time: sleep(target - elapsed)."""
+    """Emulated device clock: each piece of work occupies the device for exactly its
+    emulated time (from the cost model), queued behind the previous one.
+
+    ``start(ready)`` marks when the input was available; ``pad(target)`` sleeps until
+    max(previous end, ready) + target. Real work and sleep-wake jitter shorter than the
+    target are thus absorbed (the host is shared and noisy); real work that runs longer
+    than its targets in total makes the device late, and is counted in ``over``.
+    """
 
     def __init__(self, on: bool):
         self.on = on
+        self.busy_until = 0.0
+        self.ready = 0.0
         self.real_s = 0.0
         self.slept_s = 0.0
-        self.over = 0  # times real work took longer than the emulated target
+        self.over = 0
 
-    def pad(self, t0: float, target: float) -> None:
-        real = time.perf_counter() - t0
-        self.real_s += real
-        if self.on and target > real:
-            time.sleep(target - real)
-            self.slept_s += target - real
-        elif self.on and target > 0:
+    def start(self, ready: float) -> float:
+        self.ready = ready
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    def pad(self, target: float) -> None:
+        now = time.perf_counter()
+        self.real_s += now - self.t0
+        if not self.on:
+            return
+        self.busy_until = max(self.busy_until, self.ready) + target
+        if self.busy_until > now:
+            time.sleep(self.busy_until - now)
+            self.slept_s += self.busy_until - now
+        elif target > 0:
             self.over += 1
+
+
+def _ready_time(t_ask: float, t_got: float) -> float:
+    """When an input became available: at once if the receive did not block (<2 ms of
+    transfer), else when it arrived."""
+    return t_ask if t_got - t_ask < 2e-3 else t_got
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -209,26 +245,30 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
     T = st.time_per_sample_s
     group = groups[s]
     ends, losses = [], []
+    prof = {"recv_wait_s": 0.0, "pull_s": 0.0, "step_end_s": 0.0}
 
     def fail(what, peers, err):
         return ctx.peer_error(what, peers, err)
 
     for step in range(start, spec.steps):
         saved, sends = {}, []
+        pacer.busy_until = max(pacer.busy_until, time.perf_counter())  # waiting at a step boundary is idle time
         step_loss = torch.zeros(())
         for i in mine:
             m = sizes[i]
-            if s == 0:
-                t0 = time.perf_counter()
+            if s == 0:  # reading data: the next micro-batch is always ready
+                t0 = pacer.start(0.0)
                 dense, ids, label = loader.get(step, i)
                 inputs = [dense, ids]
             else:
                 src = prev[i % len(prev)]
+                tw = time.perf_counter()
                 try:
                     got = recv_tensors(src, i)
                 except RuntimeError as err:
                     raise fail(f"receiving activations of micro-batch {i}", [src], err) from None
-                t0 = time.perf_counter()
+                t0 = pacer.start(_ready_time(tw, time.perf_counter()))
+                prof["recv_wait_s"] += t0 - tw
                 label, inputs = got[-1], got[:-1]
                 for t in inputs:
                     if t.is_floating_point():
@@ -239,7 +279,9 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 keys = torch.stack([layout.keys(model.layers[li].index, ids[:, model.layers[li].index, :])
                                     for li in embs], 0)
                 uniq, inv = torch.unique(keys, return_inverse=True)
+                tp = time.perf_counter()
                 rows = client.pull(uniq, step).requires_grad_(True)
+                prof["pull_s"] += time.perf_counter() - tp
                 for j, li in enumerate(embs):
                     model.layers[li].rows, model.layers[li].inv = rows, inv[j]
             out = list(model.run_range(st.start, st.end, *inputs))
@@ -250,24 +292,26 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 _send_back(inputs, prev, i, sends, s)
                 if embs:
                     client.push(uniq, rows.grad, step)
-                pacer.pad(t0, m * T)
+                pacer.pad(m * T)
             else:
                 try:
                     sends += send_tensors(out + [label], nxt[i % len(nxt)], i)
                 except RuntimeError as err:
                     raise fail(f"sending activations of micro-batch {i}", [nxt[i % len(nxt)]], err) from None
                 saved[i] = (inputs, out, uniq, rows)
-                pacer.pad(t0, m * T / 3)
+                pacer.pad(m * T / 3)
         if not last:
             for i in mine:
                 m = sizes[i]
                 inputs, out, uniq, rows = saved.pop(i)
                 dst = nxt[i % len(nxt)]
+                tw = time.perf_counter()
                 try:
                     grads = recv_tensors(dst, i)
                 except RuntimeError as err:
                     raise fail(f"receiving gradients of micro-batch {i}", [dst], err) from None
-                t0 = time.perf_counter()
+                t0 = pacer.start(_ready_time(tw, time.perf_counter()))
+                prof["recv_wait_s"] += t0 - tw
                 fl = [o for o in out if o.is_floating_point()]
                 pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
                 if pairs:
@@ -276,13 +320,14 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                     _send_back(inputs, prev, i, sends, s)
                 if embs:
                     client.push(uniq, rows.grad, step)
-                pacer.pad(t0, m * T * 2 / 3)
+                pacer.pad(m * T * 2 / 3)
+        te = time.perf_counter()
         try:
             for w, _ in sends:
                 w.wait()
             if client is not None:
                 client.commit(step)
-            t0 = time.perf_counter()
+            pacer.start(time.perf_counter())
             if params:
                 if k > 1:
                     flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
@@ -293,11 +338,12 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                         n = p.numel()
                         p.grad = flat[off: off + n].view_as(p).clone()
                         off += n
-                    pacer.pad(t0, st.allreduce_s)
+                    pacer.pad(st.allreduce_s)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         except RuntimeError as err:
             raise fail("finishing the step (gradients to peers)", [], err) from None
+        prof["step_end_s"] += time.perf_counter() - te
         ends.append(time.time())
         if last:
             losses.append(float(step_loss) / sum(sizes[i] for i in mine))
@@ -310,7 +356,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
         client.stop()
     return {"role": f"stage{s}/replica{r}", "type": st.type, "step_end_time": ends, "loss": losses,
             "real_s": pacer.real_s, "slept_s": pacer.slept_s, "over_target": pacer.over,
-            "micro_batches": len(mine), "start_step": start}
+            "micro_batches": len(mine), "start_step": start, **prof}
 
 
 def _send_back(inputs, prev, i, sends, s) -> None:
