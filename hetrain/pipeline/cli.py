@@ -84,6 +84,9 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     batch = int(plan.get("batch_size", 1024))
     params = CostParams(batch_size=batch)
     inst = [int(st["instances"]) for st in plan["stages"]]
+    if any(a["type"] == b["type"] for a, b in zip(plan["stages"], plan["stages"][1:])):
+        raise UserError("two neighbouring plan stages have the same type; the cost model counts them as one "
+                        "stage: merge them (sum their instances) or give them different types")
     score = evaluate(w, assign, float(plan["target"]), params, instances=inst)
     stages = []
     for st, sc in zip(plan["stages"], score.stages):
