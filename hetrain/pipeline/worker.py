@@ -41,17 +41,18 @@ def _tag(mb: int, i: int) -> int:
     return TAG_BASE + mb * 64 + i
 
 
-def send_tensors(ts: list[torch.Tensor], dst: int, mb: int) -> list:
-    """isend a header (count, then dtype, ndim, dims per tensor) and the tensors packed
-    into one float32 and one int64 buffer; returns (work, buffer) pairs the caller keeps
-    until they complete."""
+def send_tensors(ts: list[torch.Tensor], dst: int, mb: int, ready_at: float = 0.0) -> list:
+    """isend a header (count, then dtype, ndim, dims per tensor; last slot: the emulated
+    time the data is ready, in µs) and the tensors packed into one float32 and one int64
+    buffer; returns (work, buffer) pairs the caller keeps until they complete."""
     h = [len(ts)]
     for t in ts:
         h += [_CODES[t.dtype], t.dim(), *t.shape]
-    if len(h) > HDR_LEN:
+    if len(h) > HDR_LEN - 1:
         raise ValueError(f"{len(ts)} tensors do not fit in one message header")
     hdr = torch.zeros(HDR_LEN, dtype=torch.int64)
     hdr[: len(h)] = torch.tensor(h)
+    hdr[-1] = int(ready_at * 1e6)
     out = [(dist.isend(hdr, dst, tag=_tag(mb, 0)), hdr)]
     for code, dt in _DTYPES.items():
         part = [t.detach().reshape(-1) for t in ts if t.dtype == dt]
@@ -61,7 +62,8 @@ def send_tensors(ts: list[torch.Tensor], dst: int, mb: int) -> list:
     return out
 
 
-def recv_tensors(src: int, mb: int) -> list[torch.Tensor]:
+def recv_tensors(src: int, mb: int) -> tuple[list[torch.Tensor], float]:
+    """The tensors of one message, and the emulated time they are ready at."""
     hdr = torch.empty(HDR_LEN, dtype=torch.int64)
     dist.recv(hdr, src, tag=_tag(mb, 0))
     h = hdr.tolist()
@@ -70,7 +72,7 @@ def recv_tensors(src: int, mb: int) -> list[torch.Tensor]:
         code, nd = h[pos], h[pos + 1]
         shape = h[pos + 2: pos + 2 + nd]
         pos += 2 + nd
-        if code not in _DTYPES or nd < 0 or any(d < 0 for d in shape) or pos > HDR_LEN:
+        if code not in _DTYPES or nd < 0 or any(d < 0 for d in shape) or pos > HDR_LEN - 1:
             raise RuntimeError(f"malformed activation header from rank {src}")
         metas.append((code, shape))
     flats = {}
@@ -85,7 +87,7 @@ def recv_tensors(src: int, mb: int) -> list[torch.Tensor]:
         out.append(flats[code][off[code]: off[code] + k].view(shape).clone() if k else
                    torch.empty(shape, dtype=_DTYPES[code]))
         off[code] += k
-    return out
+    return out, h[-1] / 1e6
 
 
 # ------------------------------------------------------------------ embedding layers
@@ -108,13 +110,15 @@ class PSEmbedding(nn.Module):
 
 
 class Pacer:
-    """Emulated device clock: each piece of work occupies the device for exactly its
-    emulated time (from the cost model), queued behind the previous one.
+    """Emulated device clock (wall-clock seconds, shared by the processes of a host).
 
-    ``start(ready)`` marks when the input was available; ``pad(target)`` sleeps until
-    max(previous end, ready) + target. Real work and sleep-wake jitter shorter than the
-    target are thus absorbed (the host is shared and noisy); real work that runs longer
-    than its targets in total makes the device late, and is counted in ``over``.
+    Each piece of work occupies the device for exactly its emulated time from the cost
+    model, starting when both the device is free and its input is ready: the input's
+    ready time travels in the message header (the sender's emulated finish time), so
+    the emulation does not depend on when the host happens to schedule the receiver.
+    ``begin(ready)``, then ``finish(target)`` returns the emulated finish time (to stamp
+    outgoing messages), then ``wait()`` sleeps until it. Real work longer than its slot
+    makes the device late (counted in ``over``); shorter real work is hidden.
     """
 
     def __init__(self, on: bool):
@@ -125,28 +129,31 @@ class Pacer:
         self.slept_s = 0.0
         self.over = 0
 
-    def start(self, ready: float) -> float:
+    def begin(self, ready: float) -> None:
         self.ready = ready
-        self.t0 = time.perf_counter()
-        return self.t0
+        self.t0 = time.time()
 
-    def pad(self, target: float) -> None:
-        now = time.perf_counter()
+    def finish(self, target: float) -> float:
+        if self.on:
+            self.busy_until = max(self.busy_until, self.ready) + target
+        return self.busy_until
+
+    def wait(self) -> None:
+        now = time.time()
         self.real_s += now - self.t0
         if not self.on:
             return
-        self.busy_until = max(self.busy_until, self.ready) + target
         if self.busy_until > now:
             time.sleep(self.busy_until - now)
             self.slept_s += self.busy_until - now
-        elif target > 0:
+        else:
             self.over += 1
+            self.busy_until = now
 
-
-def _ready_time(t_ask: float, t_got: float) -> float:
-    """When an input became available: at once if the receive did not block (<2 ms of
-    transfer), else when it arrived."""
-    return t_ask if t_got - t_ask < 2e-3 else t_got
+    def pad(self, target: float) -> float:
+        end = self.finish(target)
+        self.wait()
+        return end
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -245,6 +252,11 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
     T = st.time_per_sample_s
     group = groups[s]
     ends, losses = [], []
+    trace = [] if os.environ.get("HETRAIN_TRACE") else None
+
+    def ev(what: str) -> None:
+        if trace is not None:
+            trace.append((what, time.time()))
     prof = {"recv_wait_s": 0.0, "pull_s": 0.0, "step_end_s": 0.0}
 
     def fail(what, peers, err):
@@ -252,23 +264,23 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
 
     for step in range(start, spec.steps):
         saved, sends = {}, []
-        pacer.busy_until = max(pacer.busy_until, time.perf_counter())  # waiting at a step boundary is idle time
+        pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
         step_loss = torch.zeros(())
         for i in mine:
             m = sizes[i]
             if s == 0:  # reading data: the next micro-batch is always ready
-                t0 = pacer.start(0.0)
+                pacer.begin(0.0)
                 dense, ids, label = loader.get(step, i)
                 inputs = [dense, ids]
             else:
                 src = prev[i % len(prev)]
                 tw = time.perf_counter()
                 try:
-                    got = recv_tensors(src, i)
+                    got, ready = recv_tensors(src, i)
                 except RuntimeError as err:
                     raise fail(f"receiving activations of micro-batch {i}", [src], err) from None
-                t0 = pacer.start(_ready_time(tw, time.perf_counter()))
-                prof["recv_wait_s"] += t0 - tw
+                pacer.begin(ready)
+                prof["recv_wait_s"] += time.perf_counter() - tw
                 label, inputs = got[-1], got[:-1]
                 for t in inputs:
                     if t.is_floating_point():
@@ -284,22 +296,25 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 prof["pull_s"] += time.perf_counter() - tp
                 for j, li in enumerate(embs):
                     model.layers[li].rows, model.layers[li].inv = rows, inv[j]
+            ev(f"fwd{i}-in")
             out = list(model.run_range(st.start, st.end, *inputs))
             if last:
                 loss = model.loss(out[0], label)
                 step_loss += loss.detach() * m
                 (loss * (m / spec.batch)).backward()
-                _send_back(inputs, prev, i, sends, s)
+                _send_back(inputs, prev, i, sends, s, pacer.finish(m * T))
                 if embs:
                     client.push(uniq, rows.grad, step)
-                pacer.pad(m * T)
+                pacer.wait()
+                ev(f"mb{i}-done")
             else:
                 try:
-                    sends += send_tensors(out + [label], nxt[i % len(nxt)], i)
+                    sends += send_tensors(out + [label], nxt[i % len(nxt)], i, pacer.finish(m * T / 3))
                 except RuntimeError as err:
                     raise fail(f"sending activations of micro-batch {i}", [nxt[i % len(nxt)]], err) from None
                 saved[i] = (inputs, out, uniq, rows)
-                pacer.pad(m * T / 3)
+                pacer.wait()
+                ev(f"fwd{i}-out")
         if not last:
             for i in mine:
                 m = sizes[i]
@@ -307,27 +322,32 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 dst = nxt[i % len(nxt)]
                 tw = time.perf_counter()
                 try:
-                    grads = recv_tensors(dst, i)
+                    grads, ready = recv_tensors(dst, i)
                 except RuntimeError as err:
                     raise fail(f"receiving gradients of micro-batch {i}", [dst], err) from None
-                t0 = pacer.start(_ready_time(tw, time.perf_counter()))
-                prof["recv_wait_s"] += t0 - tw
+                pacer.begin(ready)
+                prof["recv_wait_s"] += time.perf_counter() - tw
+                ev(f"bwd{i}-in")
                 fl = [o for o in out if o.is_floating_point()]
                 pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
                 if pairs:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                end = pacer.finish(m * T * 2 / 3)
                 if s > 0:
-                    _send_back(inputs, prev, i, sends, s)
+                    _send_back(inputs, prev, i, sends, s, end)
                 if embs:
                     client.push(uniq, rows.grad, step)
-                pacer.pad(m * T * 2 / 3)
+                pacer.wait()
+                ev(f"bwd{i}-out")
         te = time.perf_counter()
         try:
             for w, _ in sends:
                 w.wait()
+            ev("sends-done")
             if client is not None:
                 client.commit(step)
-            pacer.start(time.perf_counter())
+            ev("committed")
+            pacer.begin(time.time())
             if params:
                 if k > 1:
                     flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
@@ -345,6 +365,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
             raise fail("finishing the step (gradients to peers)", [], err) from None
         prof["step_end_s"] += time.perf_counter() - te
         ends.append(time.time())
+        ev("step-end")
         if last:
             losses.append(float(step_loss) / sum(sizes[i] for i in mine))
         done = step + 1
@@ -356,14 +377,14 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
         client.stop()
     return {"role": f"stage{s}/replica{r}", "type": st.type, "step_end_time": ends, "loss": losses,
             "real_s": pacer.real_s, "slept_s": pacer.slept_s, "over_target": pacer.over,
-            "micro_batches": len(mine), "start_step": start, **prof}
+            "micro_batches": len(mine), "start_step": start, **prof, **({"trace": trace} if trace else {})}
 
 
-def _send_back(inputs, prev, i, sends, s) -> None:
+def _send_back(inputs, prev, i, sends, s, ready_at: float) -> None:
     if s == 0:
         return
     g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
-    sends += send_tensors(g, prev[i % len(prev)], i)
+    sends += send_tensors(g, prev[i % len(prev)], i, ready_at)
 
 
 def main(argv: list[str] | None = None) -> int:
