@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hetrain.perf.pipeline import CostParams  # noqa: E402
-from hetrain.pipeline.cli import compile_plan, run_plan  # noqa: E402
+from hetrain.pipeline.cli import run_plan  # noqa: E402
 from hetrain.pipeline.data import CTRData  # noqa: E402
 from hetrain.pipeline.reference import assemble, evaluate_auc, train_single  # noqa: E402
 from hetrain.pipeline.workload import CATALOGUE, emulated_profile  # noqa: E402

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -187,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(res, indent=1))
     if res["rc"] != 0:
         print(f"hetrain: training failed (launcher exit {res['rc']}); logs in {res['run_dir']}. "
-              f"Restart with --resume to continue from the last complete checkpoint.", file=sys.stderr)
+              f"Restart with --resume (and the same --run-dir or --ckpt-dir) to continue from the last "
+              f"complete checkpoint.", file=sys.stderr)
         return res["rc"]
     for i, s in enumerate(res["stages"]):
         print(f"stage {i}: layers {s['layers'][0]}..{s['layers'][1] - 1} on {s['type']} x{s['instances']}")

@@ -15,7 +15,7 @@ Run ``python -m hetrain.pipeline.workload profile.json`` to write the profile fo
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 

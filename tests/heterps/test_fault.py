@@ -18,6 +18,8 @@ def test_lost_stage_process_is_named_and_resume_restores(tmp_path):
     assert rc != 0, out
     assert "rank 1 (worker on machine s1r0) failed (killed by SIGKILL)" in out, out
     assert "Restart with --resume" in out
+    # the survivors say whom they lost, too (not just a gloo timeout)
+    assert "PeerLostError" in out and "lost rank 1 (worker on machine s1r0)" in out, out
     spec = RunSpec.load(run / "spec.json")
     from hetrain.pipeline.worker import latest_complete
     last = latest_complete(spec)
