@@ -15,6 +15,7 @@ Run ``python -m hetrain.pipeline.workload profile.json`` to write the profile fo
 from __future__ import annotations
 
 import sys
+from importlib import resources
 from dataclasses import asdict, dataclass
 
 import torch
@@ -22,7 +23,8 @@ import torch
 from ..plan.profile import LayerProfile, ModelProfile
 
 MODEL_NAME = "ctr-small"
-CATALOGUE = __file__.rsplit("/", 1)[0] + "/emulated_catalogue.yaml"
+# the emulated cluster's catalogue (shipped as package data next to the other catalogues)
+CATALOGUE = str(resources.files("hetrain.data").joinpath("catalogue_heterps_emu.yaml"))
 
 # seconds per sample on the reference CPU type (speed 1 in the emulated catalogue)
 EMULATED_TIME_S = {"bottom": 0.15e-3, "emb": 0.10e-3, "interact": 0.20e-3, "top": 0.80e-3}
