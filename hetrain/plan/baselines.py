@@ -1,0 +1,149 @@
+"""Baseline planners: all on the cheapest GPU type, all on the cheapest CPU type,
+greedy per layer, and a genetic algorithm. All score plans with the shared cost model."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..perf.pipeline import score_assignments
+from .base import Planner, Problem, register
+
+
+def _kinds(problem: Problem, kind: str) -> list[int]:
+    return [r for r, k in enumerate(problem.workload.type_kinds) if k == kind]
+
+
+class _AllOn(Planner):
+    kind = "gpu"
+
+    def solve(self, problem: Problem):
+        rs = _kinds(problem, self.kind)
+        if not rs:
+            return None, {"reason": f"the catalogue has no {self.kind.upper()} type"}
+        r = min(rs, key=lambda x: problem.workload.price[x])
+        return (r,) * problem.workload.n_layers, {"type": problem.workload.type_names[r]}
+
+
+@register("gpu")
+class AllCheapestGPU(_AllOn):
+    """Every layer on the cheapest GPU type (one data-parallel stage)."""
+
+    kind = "gpu"
+
+
+@register("cpu")
+class AllCheapestCPU(_AllOn):
+    """Every layer on the cheapest CPU type."""
+
+    kind = "cpu"
+
+
+@register("greedy")
+class GreedyPerLayer(Planner):
+    """Each layer on the type that is cheapest for that layer alone (as a one-layer
+    stage, transfers included); ties to the lower index."""
+
+    def solve(self, problem: Problem):
+        H = problem.tables.hourly
+        L = problem.workload.n_layers
+        single = H[np.arange(L), np.arange(L) + 1, :]          # (L, R)
+        return tuple(int(x) for x in np.argmin(single, axis=1)), {}
+
+
+def penalised(hourly: np.ndarray, violation: np.ndarray, scale: float) -> np.ndarray:
+    """Fitness to minimise: price, or a penalty above every feasible price."""
+    return np.where(np.isfinite(hourly) & (violation == 0), hourly / scale, 10.0 + violation)
+
+
+@register("genetic")
+class Genetic(Planner):
+    """Genetic algorithm over type-per-layer strings: tournament selection, two-point
+    crossover, per-layer and segment mutation, elitism. Seeded."""
+
+    def __init__(self, population: int = 64, generations: int = 300, mutation: float | None = None,
+                 seed: int = 0):
+        self.population, self.generations, self.mutation, self.seed = population, generations, mutation, seed
+
+    def solve(self, problem: Problem):
+        rng = np.random.default_rng(self.seed)
+        w, tables = problem.workload, problem.tables
+        L, R = w.n_layers, w.n_types
+        P = self.population
+        pm = self.mutation if self.mutation is not None else 1.0 / L
+        pop = rng.integers(0, R, size=(P, L))
+        pop[: R] = np.arange(R)[:, None]  # include every uniform plan
+        scale = float(np.min(w.price)) or 1.0
+        fit = penalised(*score_assignments(tables, w, pop), scale)
+        for _ in range(self.generations):
+            a, b = rng.integers(0, P, (2, P)), rng.integers(0, P, (2, P))
+            pa = np.where(fit[a[0]] <= fit[a[1]], a[0], a[1])
+            pb = np.where(fit[b[0]] <= fit[b[1]], b[0], b[1])
+            cut = np.sort(rng.integers(0, L + 1, (P, 2)), axis=1)
+            pos = np.arange(L)[None, :]
+            mask = (pos >= cut[:, :1]) & (pos < cut[:, 1:])
+            child = np.where(mask, pop[pb], pop[pa])
+            mut = rng.random((P, L)) < pm
+            child = np.where(mut, rng.integers(0, R, (P, L)), child)
+            # segment mutation: paint a random run with one type (moves stage boundaries)
+            seg = rng.random(P) < 0.3
+            s = rng.integers(0, L, P); e = np.minimum(L, s + rng.integers(1, max(2, L // 4), P))
+            paint = seg[:, None] & (pos >= s[:, None]) & (pos < e[:, None])
+            child = np.where(paint, rng.integers(0, R, P)[:, None], child)
+            cfit = penalised(*score_assignments(tables, w, child), scale)
+            allp = np.vstack([pop, child]); allf = np.concatenate([fit, cfit])
+            keep = np.argsort(allf, kind="stable")[:P]
+            pop, fit = allp[keep], allf[keep]
+        best = pop[0]
+        return tuple(int(x) for x in best), {"fitness": float(fit[0])}
+
+
+def soft_cost(tables, w, A, scale: float, mu: float = 2.0):
+    """(soft objective, feasible price or inf): the price ignoring counts, scaled up by
+    mu x the relative over-use of each type's count; 10 + n for n impossible stages."""
+    hourly, viol, raw, nbad = score_assignments(tables, w, A, raw=True)
+    over = viol - nbad
+    soft = np.where(nbad > 0, 10.0 + nbad, raw / scale * (1.0 + mu * over))
+    return soft, hourly
+
+
+def local_search(tables, w, assignment, rng: np.random.Generator, max_rounds: int = 60,
+                 segments: int = 256, mu: float = 2.0) -> np.ndarray:
+    """Steepest descent on a soft objective (price + a penalty for using more instances
+    than available, so it can cross slightly infeasible plans) over three move kinds, all
+    scored at once with the cost model: retype one layer, paint a run of whole stages
+    with one type, paint a random segment. Returns the best feasible plan met (or the
+    start)."""
+    a = np.asarray(assignment, dtype=np.int64).copy()
+    L, R = w.n_layers, w.n_types
+    scale = float(np.min(w.price)) or 1.0
+    s0, h0 = soft_cost(tables, w, a[None], scale, mu)
+    cur = s0[0]
+    best, best_h = a.copy(), h0[0]
+    for _ in range(max_rounds):
+        cands = []
+        single = np.repeat(a[None], L * R, axis=0)
+        single[np.arange(L * R), np.repeat(np.arange(L), R)] = np.tile(np.arange(R), L)
+        cands.append(single)
+        bounds = np.concatenate([[0], np.flatnonzero(np.diff(a)) + 1, [L]])
+        # segments whose ends are stage boundaries (whole stages, runs of stages), plus random
+        bi, bj = np.triu_indices(len(bounds), k=1)
+        if len(bi) > segments:
+            pick = rng.choice(len(bi), segments, replace=False)
+            bi, bj = bi[pick], bj[pick]
+        s = np.concatenate([bounds[bi], rng.integers(0, L, segments)])
+        e = np.concatenate([bounds[bj], np.minimum(L, s[len(bi):] + rng.integers(1, max(2, L // 3), segments))])
+        pos = np.arange(L)[None, :]
+        inside = (pos >= s[:, None]) & (pos < e[:, None])
+        seg = np.repeat(a[None], len(s) * R, axis=0)
+        inside = np.repeat(inside, R, axis=0)
+        seg[inside] = np.repeat(np.tile(np.arange(R), len(s)), inside.sum(axis=1))
+        cands.append(seg)
+        C = np.vstack(cands)
+        f, h = soft_cost(tables, w, C, scale, mu)
+        j = int(np.argmin(h))
+        if h[j] < best_h:
+            best, best_h = C[j].copy(), h[j]
+        i = int(np.argmin(f))
+        if not f[i] < cur - 1e-12:
+            break
+        a, cur = C[i].copy(), f[i]
+    return best

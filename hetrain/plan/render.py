@@ -1,0 +1,122 @@
+"""Plan output: a text table, a JSON document, and a PNG diagram of the stages."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..perf.pipeline import PlanScore, Workload
+from .base import PlanResult, Problem
+
+PLAN_FORMAT = "hetrain.plan/1"
+
+
+def plan_to_dict(problem: Problem, result: PlanResult, model: str = "", catalogue: str = "") -> dict:
+    """The plan JSON (format ``hetrain.plan/1``) the HeterPS runtime reads."""
+    w, s = problem.workload, result.score
+    names = w.layer_names or tuple(f"layer{i}" for i in range(w.n_layers))
+    stages = []
+    for st in s.stages:
+        stages.append({
+            "layers": [st.start, st.end],
+            "layer_names": list(names[st.start:st.end]),
+            "type": w.type_names[st.rtype] if w.type_names else st.rtype,
+            "kind": w.type_kinds[st.rtype] if w.type_kinds else "",
+            "instances": st.instances,
+            "throughput": st.throughput,
+            "time_per_sample_s": st.time_per_sample,
+            "memory_bytes": st.memory if np.isfinite(st.memory) else None,
+            "price_per_hour": st.hourly if np.isfinite(st.hourly) else None,
+        })
+    return {
+        "format": PLAN_FORMAT,
+        "model": model,
+        "catalogue": catalogue,
+        "planner": result.planner,
+        "target": problem.target,
+        "feasible": s.feasible,
+        "reason": s.reason,
+        "throughput": s.throughput,
+        "price_per_hour": s.hourly if s.feasible else None,
+        "n_samples": problem.n_samples,
+        "cost_per_run": problem.run_cost(s) if s.feasible else None,
+        "plan_s": result.plan_s,
+        "batch_size": problem.params.batch_size,
+        "assignment": [w.type_names[a] if w.type_names else a for a in s.assignment],
+        "stages": stages,
+        "info": {k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in result.info.items()},
+    }
+
+
+def load_plan(path: str | Path) -> dict:
+    """Read a plan JSON written by `hetrain plan --out`; checks the format tag."""
+    from ..errors import UserError
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"plan file {p} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"plan file {p} is not valid JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        raise UserError(f"plan file {p} is not a hetrain plan (expected \"format\": \"{PLAN_FORMAT}\")")
+    return data
+
+
+def _money(x: float) -> str:
+    return "-" if not np.isfinite(x) else f"${x:,.2f}"
+
+
+def plan_table(problem: Problem, result: PlanResult) -> str:
+    w, s = problem.workload, result.score
+    names = w.layer_names or tuple(f"layer{i}" for i in range(w.n_layers))
+    rows = [("stage", "layers", "type", "inst", "samples/s", "GiB/inst", "$/hour")]
+    for i, st in enumerate(s.stages):
+        lay = f"{st.start}-{st.end - 1} ({names[st.start]}..{names[st.end - 1]})" if st.end - st.start > 1 \
+            else f"{st.start} ({names[st.start]})"
+        rows.append((str(i), lay, w.type_names[st.rtype], str(st.instances), f"{st.throughput:,.0f}",
+                     f"{st.memory / 2**30:.2f}" if np.isfinite(st.memory) else "-", _money(st.hourly)))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(widths[c]) if c < 3 else v.rjust(widths[c]) for c, v in enumerate(r)) for r in rows]
+    lines.insert(1, "  ".join("-" * x for x in widths))
+    lines.append("")
+    lines.append(f"planner {result.planner}: {'feasible' if s.feasible else 'INFEASIBLE'}, "
+                 f"planned in {result.plan_s:.2f} s")
+    lines.append(f"throughput {s.throughput:,.1f} samples/s (target {problem.target:,.1f})")
+    if s.feasible:
+        lines.append(f"cost {_money(s.hourly)}/hour, {_money(problem.run_cost(s))} for a run of "
+                     f"{problem.n_samples:,.0f} samples at the target rate")
+        used = ", ".join(f"{n} x{u}" for n, u in zip(w.type_names, s.used) if u)
+        lines.append(f"instances: {used}")
+    else:
+        lines.append(f"why: {s.reason}")
+    return "\n".join(lines)
+
+
+def plan_png(problem: Problem, result: PlanResult, path: str | Path, title: str = "") -> None:
+    """Stages as coloured boxes along the layer chain, labelled with type x instances."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, s = problem.workload, result.score
+    L = w.n_layers
+    cmap = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(min(16, 4 + 0.08 * L + 1.2 * len(s.stages)), 2.6))
+    for i, st in enumerate(s.stages):
+        ax.add_patch(plt.Rectangle((st.start, 0), st.end - st.start, 1, color=cmap(st.rtype % 10), alpha=0.85,
+                                   ec="black"))
+        ax.text((st.start + st.end) / 2, 0.5, f"S{i}\n{w.type_names[st.rtype]}\nx{st.instances}",
+                ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, L)
+    ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("layer")
+    ttl = title or f"{result.planner}: {s.throughput:,.0f} samples/s, {_money(s.hourly)}/h"
+    ax.set_title(ttl, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

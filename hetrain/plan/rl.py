@@ -1,0 +1,202 @@
+"""HeterPS's scheduler: an LSTM policy picks a resource type per layer, trained with
+REINFORCE against the shared cost model.
+
+* Input: the layers in order, each as a feature vector (log host time, log times and
+  log one-layer-stage prices on every type, bytes, kind, position), normalised per problem.
+* Policy: Linear -> LSTM (reads the layers first to last) -> Linear -> logits over types.
+  A plan is one categorical draw per layer given the LSTM state; a batch of plans is
+  sampled per update from one LSTM pass, so a 200-layer model trains in seconds.
+* Reward: -price/ref for feasible plans (ref = best price in the first batch), and a
+  penalty below every feasible reward (-(4 + violation)) for infeasible ones. Instance
+  counts are the smallest meeting the target (the cost model's stage tables).
+* Update: REINFORCE with a moving-average baseline, advantages scaled by a running
+  std, an entropy bonus that decays, Adam. The best plan ever sampled is kept, and the
+  policy's greedy (arg-max) plan is scored at the end too.
+* Seeded (torch.manual_seed + numpy Generator) and single-threaded: reproducible.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..perf.pipeline import score_assignments
+from .base import Planner, Problem, register
+from .baselines import local_search
+
+
+def layer_features(problem: Problem) -> np.ndarray:
+    w, H = problem.workload, problem.tables.hourly
+    L, R = w.n_layers, w.n_types
+    idx = np.arange(L)
+    single = H[idx, idx + 1, :]                                    # (L, R) $/h as a lone stage
+    fin = np.isfinite(single)
+    cap = np.nanmax(np.where(fin, single, np.nan)) if fin.any() else 1.0
+    logp = np.log(np.where(fin, single, cap * 10) + 1e-12)
+    logp = logp - logp.min(axis=1, keepdims=True)                   # relative to the cheapest type
+    logt = np.log(w.compute)
+    logt = (logt - logt.mean()) / (logt.std() + 1e-9)
+    def z(x):
+        lx = np.log1p(x)
+        return (lx - lx.mean()) / (lx.std() + 1e-9)
+    feats = [logp, logt, (~fin).astype(float),
+             np.stack([z(w.act_bytes), z(w.dense_param_bytes), z(w.sparse_param_bytes),
+                       (w.sparse_param_bytes > 0).astype(float), idx / max(1, L - 1)], axis=1)]
+    return np.concatenate(feats, axis=1).astype(np.float32)
+
+
+@register("rl")
+class RLPlanner(Planner):
+    """LSTM policy + REINFORCE (HeterPS). Not a wrapper of `exact`: it only ever sees
+    rewards of sampled plans."""
+
+    def __init__(self, updates: int = 600, batch: int = 128, hidden: int = 64, lr: float = 0.01,
+                 entropy: float = 0.05, seed: int = 0, patience: int = 200, progress: bool | None = None,
+                 threads: int = 1, restarts: int = 3, polish: bool = True, polish_every: int = 50,
+                 replay: bool = True, mu: float = 2.0):
+        self.updates, self.batch, self.hidden, self.lr = updates, batch, hidden, lr
+        self.entropy, self.seed, self.patience, self.threads = entropy, seed, patience, threads
+        self.progress = progress
+        self.restarts = max(1, int(restarts))
+        self.polish, self.polish_every, self.replay = polish, max(1, polish_every), replay
+        self.mu = mu
+
+    def solve(self, problem: Problem):
+        import torch
+        from torch import nn
+
+        old_threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            best_a, best_h = None, np.inf
+            info = {"updates": 0, "samples": 0, "restarts": self.restarts, "policy_hourly": np.inf}
+            for i in range(self.restarts):
+                a, h, inf_i = self._train(problem, torch, nn, self.seed + 7919 * i)
+                info["updates"] += inf_i["updates"]
+                info["samples"] += inf_i["samples"]
+                info["policy_hourly"] = min(info["policy_hourly"], inf_i["policy_hourly"])
+                if a is not None and h < best_h:
+                    best_a, best_h = a, h
+                    info["entropy"] = inf_i["entropy"]
+                    info["best_restart"] = i
+        finally:
+            torch.set_num_threads(old_threads)
+        if best_a is None:
+            info["reason"] = "no sampled plan met the target"
+            return None, info
+        return tuple(int(v) for v in best_a), info
+
+    def _train(self, problem: Problem, torch, nn, seed: int):
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        w, tables = problem.workload, problem.tables
+        L, R = w.n_layers, w.n_types
+        x = torch.from_numpy(layer_features(problem))[None]           # (1, L, F)
+        F = x.shape[-1]
+        enc = nn.Linear(F, self.hidden)
+        lstm = nn.LSTM(self.hidden, self.hidden, batch_first=True)
+        head = nn.Linear(self.hidden, R + 1)       # R type logits + a "stay on the previous type" bonus
+        params = [*enc.parameters(), *lstm.parameters(), *head.parameters()]
+        opt = torch.optim.Adam(params, lr=self.lr)
+        rows = np.arange(self.batch)
+
+        def policy():
+            h, _ = lstm(torch.tanh(enc(x)))
+            out = head(h)[0]                                          # (L, R+1)
+            return out[:, :R], out[:, R]
+
+        def sample(base: np.ndarray, stay: np.ndarray) -> np.ndarray:
+            # a_l ~ softmax(base_l + stay_l * onehot(a_{l-1})), by the Gumbel-max trick
+            g = rng.gumbel(size=(self.batch, L, R))
+            A = np.empty((self.batch, L), dtype=np.int64)
+            A[:, 0] = np.argmax(base[0] + g[:, 0], axis=1)
+            for l in range(1, L):
+                z = base[l] + g[:, l]
+                z[rows, A[:, l - 1]] += stay[l]
+                A[:, l] = np.argmax(z, axis=1)
+            return A
+
+        def log_probs(base, stay, A):
+            At = torch.from_numpy(A)
+            z = base.unsqueeze(0).expand(self.batch, L, R).clone()
+            prev = torch.nn.functional.one_hot(At[:, :-1], R).float()
+            z[:, 1:] = z[:, 1:] + stay[1:, None] * prev
+            logp = torch.log_softmax(z, dim=-1)
+            lp = logp.gather(2, At[:, :, None])[:, :, 0].sum(dim=1)
+            ent = -(logp.exp() * logp).sum(dim=-1).mean()
+            return lp, ent
+
+        best_a, best_h = None, np.inf
+        baseline, spread = None, 1.0
+        ref = None
+        since_best = 0
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        bar = None
+        if show:
+            from tqdm import tqdm
+            bar = tqdm(total=self.updates, desc=f"rl seed {seed}", leave=False)
+        n_done, ent_v = 0, float("nan")
+        for u in range(self.updates):
+            base, stay = policy()
+            A = sample(base.detach().numpy().astype(np.float64), stay.detach().numpy().astype(np.float64))
+            if self.polish and best_a is not None and u % self.polish_every == 0 and u:
+                best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
+            if self.replay and best_a is not None:
+                A[0] = best_a          # elite replay: the best plan so far keeps pulling the policy
+            hourly, viol, raw, nbad = score_assignments(tables, w, A, raw=True)
+            ok = np.isfinite(hourly) & (viol == 0)
+            if ok.any():
+                i = int(np.argmin(np.where(ok, hourly, np.inf)))
+                if hourly[i] < best_h * (1 - 1e-12):
+                    best_h, best_a, since_best = float(hourly[i]), A[i].copy(), 0
+                if ref is None:
+                    ref = float(hourly[i])
+            since_best += 1
+            scale = ref if ref is not None else 1.0
+            # -price/ref; over-use of a type's count scales the price up (a soft penalty the
+            # policy can climb out of); a stage impossible at any count is worse than all
+            over = viol - nbad
+            reward = np.where(nbad > 0, -(4.0 + np.minimum(nbad, 10.0)),
+                              -np.minimum(raw / scale * (1.0 + self.mu * over), 4.0))
+            mean = float(reward.mean())
+            baseline = mean if baseline is None else 0.9 * baseline + 0.1 * mean
+            spread = 0.9 * spread + 0.1 * float(reward.std() + 1e-6)
+            adv = torch.from_numpy(((reward - baseline) / max(spread, 1e-3)).astype(np.float32))
+            lp, ent = log_probs(base, stay, A)
+            beta = self.entropy * max(0.0, 1.0 - u / (0.7 * self.updates))
+            loss = -(adv * lp).mean() / L ** 0.5 - beta * ent
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            n_done, ent_v = u + 1, float(ent.detach())
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(best=f"{best_h:.3g}", H=f"{ent_v:.2f}")
+            if since_best > self.patience and ent_v < 0.01:
+                break
+        if bar is not None:
+            bar.close()
+        with torch.no_grad():
+            base, stay = policy()
+            b, st = base.numpy(), stay.numpy()
+            greedy = np.empty(L, dtype=np.int64)
+            greedy[0] = np.argmax(b[0])
+            for l in range(1, L):
+                z = b[l].copy(); z[greedy[l - 1]] += st[l]
+                greedy[l] = np.argmax(z)
+        gh, gv = score_assignments(tables, w, greedy[None])
+        if np.isfinite(gh[0]) and gv[0] == 0 and gh[0] < best_h:
+            best_h, best_a = float(gh[0]), greedy
+        policy_h = best_h
+        if self.polish and best_a is not None:
+            best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
+        return best_a, best_h, {"updates": n_done, "samples": n_done * self.batch, "entropy": ent_v,
+                                "policy_hourly": policy_h}
+
+    @staticmethod
+    def _polish(tables, w, a, h, rng):
+        b = local_search(tables, w, a, rng)
+        bh, bv = score_assignments(tables, w, b[None])
+        if np.isfinite(bh[0]) and bv[0] == 0 and bh[0] < h:
+            return b, float(bh[0])
+        return a, h
