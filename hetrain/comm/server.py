@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..runtime.context import Context, init
+from ..runtime.context import Context, init, teardown
 from .compress import ErrorFeedback
 from .layout import Manifest, exchange_manifests
 from .partition import Partition, lanes_for, plan_partitions, split_lanes
@@ -141,8 +141,7 @@ def main() -> int:
         try:
             ps.serve_forever()
         finally:
-            if dist.is_initialized() and not ctx.failed:
-                dist.destroy_process_group()
+            teardown(ctx)
         ps.write_report(ctx.env.run_dir)
         print(f"{ctx.describe(ctx.rank)}: applied {ps.pushes} pushes ({ctx.comm.sync}); largest clock gap "
               f"{ps.max_gap}", flush=True)
@@ -151,8 +150,7 @@ def main() -> int:
     try:
         server.serve_forever()
     finally:
-        if dist.is_initialized() and not ctx.failed:
-            dist.destroy_process_group()
+        teardown(ctx)
     print(f"{ctx.describe(ctx.rank)}: served {server.steps} steps, summing took {server.busy_s:.3f}s", flush=True)
     return 0
 

@@ -168,8 +168,20 @@ def context() -> Context:
     return init()
 
 
+def teardown(ctx: "Context | None") -> None:
+    """Leave the job in order: one last global barrier, so no process closes its
+    sockets while a peer is still using them (gloo's I/O thread aborts the whole process
+    when a connection drops mid-teardown), then destroy the process groups."""
+    if ctx is None or not ctx.distributed or not dist.is_initialized() or ctx.failed:
+        return
+    try:
+        dist.barrier()
+    except RuntimeError as err:
+        raise ctx.peer_error("leaving the job", [], err) from None
+    dist.destroy_process_group()
+
+
 def shutdown() -> None:
     global _CTX
-    if _CTX is not None and _CTX.distributed and dist.is_initialized() and not _CTX.failed:
-        dist.destroy_process_group()
-    _CTX = None
+    ctx, _CTX = _CTX, None
+    teardown(ctx)
