@@ -78,13 +78,15 @@ class RLPlanner(Planner):
     def __init__(self, updates: int = 500, batch: int = 128, hidden: int = 64, lr: float = 0.01,
                  entropy: float = 0.05, seed: int = 0, patience: int = 200, progress: bool | None = None,
                  threads: int = 1, restarts: int = 2, polish: bool = True, polish_every: int = 50,
-                 replay: bool = True, mu: float = 2.0, stay_prior: float = 3.0, clip: float = 5.0):
+                 replay: bool = True, mu: float = 2.0, stay_prior: float | tuple = (0.0, 3.0), clip: float = 5.0):
         self.updates, self.batch, self.hidden, self.lr = updates, batch, hidden, lr
         self.entropy, self.seed, self.patience, self.threads = entropy, seed, patience, threads
         self.progress = progress
         self.restarts = max(1, int(restarts))
         self.polish, self.polish_every, self.replay = polish, max(1, polish_every), replay
-        self.mu, self.stay_prior, self.clip = mu, stay_prior, clip
+        # the "stay" prior cycles over restarts: 0 explores freely, 3 starts from long stages
+        self.stay_priors = tuple(stay_prior) if isinstance(stay_prior, (tuple, list)) else (float(stay_prior),)
+        self.mu, self.clip = mu, clip
 
     def solve(self, problem: Problem):
         import torch
@@ -96,7 +98,8 @@ class RLPlanner(Planner):
             best_a, best_h = None, np.inf
             info = {"updates": 0, "samples": 0, "restarts": self.restarts, "policy_hourly": np.inf}
             for i in range(self.restarts):
-                a, h, inf_i = self._train(problem, torch, nn, self.seed + 7919 * i)
+                a, h, inf_i = self._train(problem, torch, nn, self.seed + 7919 * i,
+                                          self.stay_priors[i % len(self.stay_priors)])
                 info["updates"] += inf_i["updates"]
                 info["samples"] += inf_i["samples"]
                 info["policy_hourly"] = min(info["policy_hourly"], inf_i["policy_hourly"])
@@ -111,7 +114,7 @@ class RLPlanner(Planner):
             return None, info
         return tuple(int(v) for v in best_a), info
 
-    def _train(self, problem: Problem, torch, nn, seed: int):
+    def _train(self, problem: Problem, torch, nn, seed: int, stay_prior: float):
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         w, tables = problem.workload, problem.tables
@@ -122,7 +125,7 @@ class RLPlanner(Planner):
         lstm = nn.LSTM(self.hidden, self.hidden, batch_first=True)
         head = nn.Linear(self.hidden, R + 1)       # R type logits + a "stay on the previous type" bonus
         with torch.no_grad():                      # prior: neighbouring layers tend to share a type
-            head.bias[R] = self.stay_prior
+            head.bias[R] = stay_prior
         params = [*enc.parameters(), *lstm.parameters(), *head.parameters()]
         opt = _Adam(params, self.lr, torch)
         rows = np.arange(self.batch)
@@ -154,6 +157,7 @@ class RLPlanner(Planner):
             return lp, ent
 
         best_a, best_h = None, np.inf
+        soft_a, soft_v = None, np.inf
         baseline, spread = None, 1.0
         ref = None
         since_best = 0
@@ -166,10 +170,13 @@ class RLPlanner(Planner):
         for u in range(self.updates):
             base, stay = policy()
             A = sample(base.detach().numpy().astype(np.float64), stay.detach().numpy().astype(np.float64))
-            if self.polish and best_a is not None and u % self.polish_every == 0 and u:
-                best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
-            if self.replay and best_a is not None:
-                A[0] = best_a          # elite replay: the best plan so far keeps pulling the policy
+            if self.polish and u % self.polish_every == 0 and u:
+                start = best_a if best_a is not None else soft_a
+                if start is not None:
+                    best_a, best_h = self._polish(tables, w, start, best_h, rng, best_a)
+            elite = best_a if best_a is not None else soft_a
+            if self.replay and elite is not None:
+                A[0] = elite           # elite replay: the best plan so far keeps pulling the policy
             hourly, viol, raw, nbad = score_assignments(tables, w, A, raw=True)
             ok = np.isfinite(hourly) & (viol == 0)
             if ok.any():
@@ -184,6 +191,10 @@ class RLPlanner(Planner):
             # policy can climb out of); a stage impossible at any count is worse than all
             over = viol - nbad
             soft = raw / scale * (1.0 + self.mu * over)
+            if best_a is None and np.isfinite(soft).any():   # nearest-to-feasible plan so far
+                i = int(np.argmin(np.where(nbad > 0, np.inf, soft)))
+                if np.isfinite(soft[i]) and nbad[i] == 0 and soft[i] < soft_v:
+                    soft_a, soft_v = A[i].copy(), float(soft[i])
             reward = np.where(nbad > 0, -(self.clip + np.minimum(nbad, 10.0)),
                               -np.minimum(np.log(np.maximum(soft, 1e-12)), self.clip))
             mean = float(reward.mean())
@@ -217,15 +228,17 @@ class RLPlanner(Planner):
         if np.isfinite(gh[0]) and gv[0] == 0 and gh[0] < best_h:
             best_h, best_a = float(gh[0]), greedy
         policy_h = best_h
-        if self.polish and best_a is not None:
-            best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
+        start = best_a if best_a is not None else soft_a
+        if self.polish and start is not None:
+            best_a, best_h = self._polish(tables, w, start, best_h, rng, best_a)
         return best_a, best_h, {"updates": n_done, "samples": n_done * self.batch, "entropy": ent_v,
                                 "policy_hourly": policy_h}
 
     @staticmethod
-    def _polish(tables, w, a, h, rng):
-        b = local_search(tables, w, a, rng)
+    def _polish(tables, w, start, h, rng, current):
+        """Local search from `start`; returns the better of it and (current, h)."""
+        b = local_search(tables, w, start, rng)
         bh, bv = score_assignments(tables, w, b[None])
         if np.isfinite(bh[0]) and bv[0] == 0 and bh[0] < h:
             return b, float(bh[0])
-        return a, h
+        return current, h
