@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         pol = f"{r['policy_over_exact']:.3f}" if r["policy_over_exact"] else "infeasible"
         rl = f"{r['rl_over_exact']:.3f}" if r["rl_over_exact"] else "infeasible"
         print(f"  {r['model']:12s} {r['catalogue']:4s} {r['target_frac']:4.0%}: rl {rl}"
-              f"  (policy samples alone {pol})  exact cheapest of all: {r['exact_is_min']}")
+              f"  (before the final local polish {pol})  exact cheapest of all: {r['exact_is_min']}")
     if vals:
         print(f"  max {max(vals):.3f}, median {statistics.median(vals):.3f}, equal to exact in "
               f"{sum(v <= 1 + 1e-9 for v in vals)}/{len(vals)}, within 1.05 in {sum(v <= 1.05 for v in vals)}/{len(vals)}")
