@@ -37,6 +37,9 @@ class Problem:
     def run_cost(self, score: PlanScore) -> float:
         return run_cost(score.hourly, self.n_samples, self.target)
 
+    def run_cost_hourly(self, hourly: float) -> float:
+        return run_cost(hourly, self.n_samples, self.target)
+
     def with_target(self, target: float) -> "Problem":
         return Problem(self.workload, target, self.params, self.n_samples)
 

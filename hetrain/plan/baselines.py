@@ -51,7 +51,7 @@ class GreedyPerLayer(Planner):
 
 def penalised(hourly: np.ndarray, violation: np.ndarray, scale: float) -> np.ndarray:
     """Fitness to minimise: price, or a penalty above every feasible price."""
-    return np.where(np.isfinite(hourly) & (violation == 0), hourly / scale, 10.0 + violation)
+    return np.where(np.isfinite(hourly) & (violation == 0), hourly / scale, 1e12 * (1.0 + violation))
 
 
 @register("genetic")
@@ -98,10 +98,10 @@ class Genetic(Planner):
 
 def soft_cost(tables, w, A, scale: float, mu: float = 2.0):
     """(soft objective, feasible price or inf): the price ignoring counts, scaled up by
-    mu x the relative over-use of each type's count; 10 + n for n impossible stages."""
+    mu x the relative over-use of each type's count; a huge value for impossible stages."""
     hourly, viol, raw, nbad = score_assignments(tables, w, A, raw=True)
     over = viol - nbad
-    soft = np.where(nbad > 0, 10.0 + nbad, raw / scale * (1.0 + mu * over))
+    soft = np.where(nbad > 0, 1e12 * (1.0 + nbad), raw / scale * (1.0 + mu * over))
     return soft, hourly
 
 

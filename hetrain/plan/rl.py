@@ -6,8 +6,11 @@ REINFORCE against the shared cost model.
 * Policy: Linear -> LSTM (reads the layers first to last) -> Linear -> logits over types.
   A plan is one categorical draw per layer given the LSTM state; a batch of plans is
   sampled per update from one LSTM pass, so a 200-layer model trains in seconds.
-* Reward: -price/ref for feasible plans (ref = best price in the first batch), and a
-  penalty below every feasible reward (-(4 + violation)) for infeasible ones. Instance
+* Reward: -log(cost/ref) (ref = the cheapest price in the first batch; the log keeps the
+  scale of rewards the same for every model and catalogue), with the cost scaled up by
+  (1 + mu x relative over-use) when a plan needs more instances of a type than are
+  available (a soft penalty the policy can climb out of), clipped at -clip; a plan with
+  a stage that no count can make meet the target gets -(clip + such stages). Instance
   counts are the smallest meeting the target (the cost model's stage tables).
 * Update: REINFORCE with a moving-average baseline, advantages scaled by a running
   std, an entropy bonus that decays, Adam. The best plan ever sampled is kept, and the
@@ -23,6 +26,28 @@ import numpy as np
 from ..perf.pipeline import score_assignments
 from .base import Planner, Problem, register
 from .baselines import local_search
+
+
+class _Adam:
+    """Plain Adam (Kingma & Ba) on a few tensors. torch.optim's first use imports
+    torch._dynamo, which costs seconds on a small machine; this keeps planning fast."""
+
+    def __init__(self, params, lr: float, torch, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params, self.lr, self.b1, self.b2, self.eps, self.t = list(params), lr, *betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+        self.torch = torch
+
+    def step(self) -> None:
+        self.t += 1
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        with self.torch.no_grad():
+            for p, m, v in zip(self.params, self.m, self.v):
+                if p.grad is None:
+                    continue
+                m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
+                v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
+                p.addcdiv_(m / c1, (v / c2).sqrt_().add_(self.eps), value=-self.lr)
 
 
 def layer_features(problem: Problem) -> np.ndarray:
@@ -50,16 +75,18 @@ class RLPlanner(Planner):
     """LSTM policy + REINFORCE (HeterPS). Not a wrapper of `exact`: it only ever sees
     rewards of sampled plans."""
 
-    def __init__(self, updates: int = 600, batch: int = 128, hidden: int = 64, lr: float = 0.01,
+    def __init__(self, updates: int = 500, batch: int = 128, hidden: int = 64, lr: float = 0.01,
                  entropy: float = 0.05, seed: int = 0, patience: int = 200, progress: bool | None = None,
-                 threads: int = 1, restarts: int = 3, polish: bool = True, polish_every: int = 50,
-                 replay: bool = True, mu: float = 2.0):
+                 threads: int = 1, restarts: int = 2, polish: bool = True, polish_every: int = 50,
+                 replay: bool = True, mu: float = 2.0, stay_prior: float | tuple = (0.0, 3.0), clip: float = 5.0):
         self.updates, self.batch, self.hidden, self.lr = updates, batch, hidden, lr
         self.entropy, self.seed, self.patience, self.threads = entropy, seed, patience, threads
         self.progress = progress
         self.restarts = max(1, int(restarts))
         self.polish, self.polish_every, self.replay = polish, max(1, polish_every), replay
-        self.mu = mu
+        # the "stay" prior cycles over restarts: 0 explores freely, 3 starts from long stages
+        self.stay_priors = tuple(stay_prior) if isinstance(stay_prior, (tuple, list)) else (float(stay_prior),)
+        self.mu, self.clip = mu, clip
 
     def solve(self, problem: Problem):
         import torch
@@ -71,7 +98,8 @@ class RLPlanner(Planner):
             best_a, best_h = None, np.inf
             info = {"updates": 0, "samples": 0, "restarts": self.restarts, "policy_hourly": np.inf}
             for i in range(self.restarts):
-                a, h, inf_i = self._train(problem, torch, nn, self.seed + 7919 * i)
+                a, h, inf_i = self._train(problem, torch, nn, self.seed + 7919 * i,
+                                          self.stay_priors[i % len(self.stay_priors)])
                 info["updates"] += inf_i["updates"]
                 info["samples"] += inf_i["samples"]
                 info["policy_hourly"] = min(info["policy_hourly"], inf_i["policy_hourly"])
@@ -86,7 +114,7 @@ class RLPlanner(Planner):
             return None, info
         return tuple(int(v) for v in best_a), info
 
-    def _train(self, problem: Problem, torch, nn, seed: int):
+    def _train(self, problem: Problem, torch, nn, seed: int, stay_prior: float):
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         w, tables = problem.workload, problem.tables
@@ -96,8 +124,10 @@ class RLPlanner(Planner):
         enc = nn.Linear(F, self.hidden)
         lstm = nn.LSTM(self.hidden, self.hidden, batch_first=True)
         head = nn.Linear(self.hidden, R + 1)       # R type logits + a "stay on the previous type" bonus
+        with torch.no_grad():                      # prior: neighbouring layers tend to share a type
+            head.bias[R] = stay_prior
         params = [*enc.parameters(), *lstm.parameters(), *head.parameters()]
-        opt = torch.optim.Adam(params, lr=self.lr)
+        opt = _Adam(params, self.lr, torch)
         rows = np.arange(self.batch)
 
         def policy():
@@ -127,6 +157,7 @@ class RLPlanner(Planner):
             return lp, ent
 
         best_a, best_h = None, np.inf
+        soft_a, soft_v = None, np.inf
         baseline, spread = None, 1.0
         ref = None
         since_best = 0
@@ -139,25 +170,33 @@ class RLPlanner(Planner):
         for u in range(self.updates):
             base, stay = policy()
             A = sample(base.detach().numpy().astype(np.float64), stay.detach().numpy().astype(np.float64))
-            if self.polish and best_a is not None and u % self.polish_every == 0 and u:
-                best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
-            if self.replay and best_a is not None:
-                A[0] = best_a          # elite replay: the best plan so far keeps pulling the policy
+            if self.polish and u % self.polish_every == 0 and u:
+                start = best_a if best_a is not None else soft_a
+                if start is not None:
+                    best_a, best_h = self._polish(tables, w, start, best_h, rng, best_a)
+            elite = best_a if best_a is not None else soft_a
+            if self.replay and elite is not None:
+                A[0] = elite           # elite replay: the best plan so far keeps pulling the policy
             hourly, viol, raw, nbad = score_assignments(tables, w, A, raw=True)
             ok = np.isfinite(hourly) & (viol == 0)
             if ok.any():
                 i = int(np.argmin(np.where(ok, hourly, np.inf)))
                 if hourly[i] < best_h * (1 - 1e-12):
                     best_h, best_a, since_best = float(hourly[i]), A[i].copy(), 0
-                if ref is None:
-                    ref = float(hourly[i])
+            if ref is None and np.isfinite(raw).any():
+                ref = float(np.min(raw))     # price scale: cheapest plan of the first batch (counts ignored)
             since_best += 1
             scale = ref if ref is not None else 1.0
             # -price/ref; over-use of a type's count scales the price up (a soft penalty the
             # policy can climb out of); a stage impossible at any count is worse than all
             over = viol - nbad
-            reward = np.where(nbad > 0, -(4.0 + np.minimum(nbad, 10.0)),
-                              -np.minimum(raw / scale * (1.0 + self.mu * over), 4.0))
+            soft = raw / scale * (1.0 + self.mu * over)
+            if best_a is None and np.isfinite(soft).any():   # nearest-to-feasible plan so far
+                i = int(np.argmin(np.where(nbad > 0, np.inf, soft)))
+                if np.isfinite(soft[i]) and nbad[i] == 0 and soft[i] < soft_v:
+                    soft_a, soft_v = A[i].copy(), float(soft[i])
+            reward = np.where(nbad > 0, -(self.clip + np.minimum(nbad, 10.0)),
+                              -np.minimum(np.log(np.maximum(soft, 1e-12)), self.clip))
             mean = float(reward.mean())
             baseline = mean if baseline is None else 0.9 * baseline + 0.1 * mean
             spread = 0.9 * spread + 0.1 * float(reward.std() + 1e-6)
@@ -165,7 +204,8 @@ class RLPlanner(Planner):
             lp, ent = log_probs(base, stay, A)
             beta = self.entropy * max(0.0, 1.0 - u / (0.7 * self.updates))
             loss = -(adv * lp).mean() / L ** 0.5 - beta * ent
-            opt.zero_grad()
+            for q in params:
+                q.grad = None
             loss.backward()
             opt.step()
             n_done, ent_v = u + 1, float(ent.detach())
@@ -188,15 +228,17 @@ class RLPlanner(Planner):
         if np.isfinite(gh[0]) and gv[0] == 0 and gh[0] < best_h:
             best_h, best_a = float(gh[0]), greedy
         policy_h = best_h
-        if self.polish and best_a is not None:
-            best_a, best_h = self._polish(tables, w, best_a, best_h, rng)
+        start = best_a if best_a is not None else soft_a
+        if self.polish and start is not None:
+            best_a, best_h = self._polish(tables, w, start, best_h, rng, best_a)
         return best_a, best_h, {"updates": n_done, "samples": n_done * self.batch, "entropy": ent_v,
                                 "policy_hourly": policy_h}
 
     @staticmethod
-    def _polish(tables, w, a, h, rng):
-        b = local_search(tables, w, a, rng)
+    def _polish(tables, w, start, h, rng, current):
+        """Local search from `start`; returns the better of it and (current, h)."""
+        b = local_search(tables, w, start, rng)
         bh, bv = score_assignments(tables, w, b[None])
         if np.isfinite(bh[0]) and bv[0] == 0 and bh[0] < h:
             return b, float(bh[0])
-        return a, h
+        return current, h

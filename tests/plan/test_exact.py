@@ -91,3 +91,20 @@ def test_max_throughput_is_the_feasibility_edge():
     assert problem.with_target(best).evaluate(a).feasible
     assert solve_exact(problem.with_target(best * 1.01))[0] is None or \
         not problem.with_target(best * 1.01).evaluate(solve_exact(problem.with_target(best * 1.01))[0]).feasible
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 100_000), L=st.integers(1, 5), R=st.integers(1, 3), tfrac=st.floats(0.1, 3.0))
+def test_capacity_dp_tracking_every_type_equals_brute_force(seed, L, R, tfrac):
+    from hetrain.plan.exact import capacity_dp
+
+    rng = np.random.default_rng(seed)
+    w = random_workload(rng, L, R, tight=True)
+    problem = Problem(w, tfrac * 1000.0)
+    value, a = capacity_dp(problem.tables, w, list(range(R)))
+    bf = brute_force(w, problem.target)
+    if np.isinf(bf):
+        assert a is None
+    else:
+        assert problem.evaluate(a).feasible
+        assert value == pytest.approx(bf, rel=1e-9)
