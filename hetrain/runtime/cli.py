@@ -14,8 +14,8 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition-bytes", type=int, default=4_096_000)
     p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker (0: 2 partitions per server)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
-    p.add_argument("--max-lanes", type=int, default=4,
-                   help="parallel connections per summation server, proportional to its byte share")
+    p.add_argument("--max-lanes", type=int, default=1,
+                   help="parallel connections per summation server, proportional to its byte share (default 1)")
     p.add_argument("--codec", default="fp32", choices=["fp32", "fp16", "int8", "int4", "auto"],
                    help="gradient compression with error feedback (auto: by link bandwidth and tensor size)")
     p.add_argument("--codec-rule", action="append", default=[], metavar="GLOB=CODEC",

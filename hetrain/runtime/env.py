@@ -21,7 +21,9 @@ class CommConfig:
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
     timeout_s: float = 60.0  # a lost peer is reported within this time
-    max_lanes: int = 4  # parallel connections per server, ∝ its share (1 = one per pair)
+    # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
+    # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
+    max_lanes: int = 1
     codec: str = "fp32"  # gradient codec: fp32, fp16, int8, int4 or auto (by link bandwidth and tensor size)
     codec_rules: tuple[str, ...] = ()  # per-tensor overrides, NAME_GLOB=CODEC, first match wins
     overlap: bool = False  # push each gradient as soon as backward produces it
