@@ -12,11 +12,13 @@ from reference import single_process  # noqa: E402
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["byteps", "ps", "colocated", "allreduce"])
+@pytest.mark.parametrize("mode", ["byteps", "byteps-lanes", "ps", "colocated", "allreduce"])
 def test_mode_matches_single_process(launch, mode, tmp_path):
     out = tmp_path / "params"
-    # tiny partitions: the 11 KB gradient spans many partitions and rounds
-    rc, log, _ = launch("equiv_train.py", str(out), mode=mode, extra=("--partition-bytes", "2048"),
+    # tiny partitions: the 11 KB gradient spans many partitions and rounds;
+    # byteps-lanes: the CPU server's partitions travel over 2 parallel connections
+    lanes = ("--max-lanes", "4") if mode == "byteps-lanes" else ()
+    rc, log, _ = launch("equiv_train.py", str(out), mode=mode.split("-")[0], extra=("--partition-bytes", "2048", *lanes),
                         cluster=small_cluster(workers=3, cpus=1))
     assert rc == 0, log
     ref = single_process()
