@@ -12,10 +12,10 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import UserError
+from ..fileio import format_validation_error, read_structured
 from .units import parse_rate, parse_size
 
 Role = Literal["worker", "cpu"]
@@ -149,38 +149,20 @@ class ClusterSpec(_Strict):
         return self.model_copy(update={"network": self.network.model_copy(update={"emulate": emulate})})
 
 
-def _format_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid cluster file {source}:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key {e['loc'][-1]!r}; check its spelling against docs/user-guide.md"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def parse_cluster(data: object, source: str = "<dict>") -> ClusterSpec:
     if not isinstance(data, dict):
         raise ClusterSpecError(f"invalid cluster file {source}: expected a mapping with a `machines:` list")
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as err:
-        raise ClusterSpecError(_format_error(err, source)) from None
+        raise ClusterSpecError(format_validation_error(err, f"invalid cluster file {source}:", "docs/user-guide.md")) from None
 
 
 def load_cluster(path: str | Path | None) -> ClusterSpec:
     """Load a YAML cluster file; None gives the built-in default cluster."""
     if path is None:
         return default_cluster()
-    path = Path(path)
-    if not path.is_file():
-        raise ClusterSpecError(f"cluster file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ClusterSpecError(f"cluster file {path} is not valid YAML: {err}") from None
-    return parse_cluster(data, str(path))
+    return parse_cluster(read_structured(path, "cluster file", ClusterSpecError), str(path))
 
 
 def default_cluster() -> ClusterSpec:

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..cluster.units import parse_rate, parse_size
+from ..fileio import format_validation_error, read_structured
 from ..errors import UserError
 
 LAYER_KINDS = ("dense", "memory", "sparse")
@@ -107,26 +108,13 @@ class Catalogue(_Strict):
         return self.model_copy(update={"types": tuple(keep)})
 
 
-def _format_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid catalogue {source}:"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key {e['loc'][-1]!r}; see docs/placement.md for the catalogue keys"
-        elif e["type"] == "missing":
-            msg = "required; add it (see docs/placement.md)"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def parse_catalogue(data: object, source: str = "<dict>") -> Catalogue:
     if not isinstance(data, dict):
         raise CatalogueError(f"invalid catalogue {source}: expected a mapping with a `types:` list")
     try:
         return Catalogue.model_validate(data)
     except ValidationError as err:
-        raise CatalogueError(_format_error(err, source)) from None
+        raise CatalogueError(format_validation_error(err, f"invalid catalogue {source}:", "docs/placement.md")) from None
 
 
 BUILTIN = {"aws": "catalogue_aws.yaml", "gcp": "catalogue_gcp.yaml"}
@@ -137,16 +125,14 @@ def load_catalogue(path: str | Path) -> Catalogue:
     if str(path) in BUILTIN:
         text = resources.files("hetrain.data").joinpath(BUILTIN[str(path)]).read_text()
         source = f"<builtin {path}>"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise CatalogueError(f"catalogue file {p} does not exist (or use a built-in: {sorted(BUILTIN)})")
-        text, source = p.read_text(), str(p)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise CatalogueError(f"catalogue {source} is not valid YAML: {err}") from None
-    return parse_catalogue(data, source)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:  # pragma: no cover - shipped files are valid
+            raise CatalogueError(f"catalogue {source} is not valid YAML: {err}") from None
+        return parse_catalogue(data, source)
+    if not Path(path).is_file():
+        raise CatalogueError(f"catalogue file {path} does not exist (or use a built-in: {sorted(BUILTIN)})")
+    return parse_catalogue(read_structured(path, "catalogue", CatalogueError), str(path))
 
 
 def gavel_speed_ratios(path: str | Path) -> dict[str, dict[str, float]]:

@@ -18,6 +18,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..fileio import format_validation_error, read_structured
 from ..errors import UserError
 from ..perf.pipeline import Workload
 from .catalogue import Catalogue
@@ -69,14 +70,7 @@ class ModelProfile(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelProfile":
-        p = Path(path)
-        if not p.is_file():
-            raise ProfileError(f"profile file {p} does not exist")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as err:
-            raise ProfileError(f"profile {p} is not valid JSON: {err}") from None
-        return parse_profile(data, str(p))
+        return parse_profile(read_structured(path, "profile file", ProfileError), str(path))
 
     def workload(self, catalogue: Catalogue) -> Workload:
         """Arrays for the cost model: host times scaled by each type's speed per kind,
@@ -109,14 +103,7 @@ def parse_profile(data: object, source: str = "<dict>") -> ModelProfile:
     try:
         return ModelProfile.model_validate(data)
     except ValidationError as err:
-        lines = [f"invalid profile {source}:"]
-        for e in err.errors():
-            loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] == "extra_forbidden":
-                msg = f"unknown key {e['loc'][-1]!r}"
-            lines.append(f"  - {loc}: {msg}")
-        raise ProfileError("\n".join(lines)) from None
+        raise ProfileError(format_validation_error(err, f"invalid profile {source}:", "docs/placement.md")) from None
 
 
 def _nbytes(tensors) -> int:

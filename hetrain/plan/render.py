@@ -1,12 +1,10 @@
 """Plan output: a text table, a JSON document, and a PNG diagram of the stages."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from ..perf.pipeline import PlanScore, Workload
 from .base import PlanResult, Problem
 
 PLAN_FORMAT = "hetrain.plan/1"
@@ -53,13 +51,10 @@ def load_plan(path: str | Path) -> dict:
     """Read a plan JSON written by `hetrain plan --out`; checks the format tag."""
     from ..errors import UserError
 
+    from ..fileio import read_structured
+
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"plan file {p} does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"plan file {p} is not valid JSON: {err}") from None
+    data = read_structured(p, "plan file")
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
         raise UserError(f"plan file {p} is not a hetrain plan (expected \"format\": \"{PLAN_FORMAT}\")")
     return data

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from ..errors import UserError
 
@@ -80,12 +79,9 @@ def parse_cluster_spec(text: str) -> GpuCluster:
 
 
 def load_cluster_file(path: Path) -> GpuCluster:
-    if not path.is_file():
-        raise ClusterArgError(f"cluster file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ClusterArgError(f"cluster file {path} is not valid YAML: {err}") from None
+    from ..fileio import read_structured
+
+    data = read_structured(path, "cluster file", ClusterArgError)
     gpus = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(gpus, dict) or not gpus:
         raise ClusterArgError(f"cluster file {path}: expected a mapping `gpus: {{v100: 8, k80: 4}}`")

@@ -1,0 +1,43 @@
+"""Reading the files users write (clusters, catalogues, profiles, plans), with one
+set of error messages: a missing file, broken YAML/JSON and invalid fields all say
+which file, which field and what to do."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import UserError
+
+
+def read_structured(path: str | Path, what: str, error: type[UserError] = UserError) -> object:
+    """Parse a YAML (or, by suffix, JSON) file; `what` names it in errors ("cluster file")."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"{what} {p} does not exist")
+    text = p.read_text()
+    if p.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise error(f"{what} {p} is not valid JSON: {err}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise error(f"{what} {p} is not valid YAML: {err}") from None
+
+
+def format_validation_error(err: ValidationError, header: str, docs: str) -> str:
+    """One line per bad field: its dotted path and what to write instead."""
+    lines = [header]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {e['loc'][-1]!r}; check its spelling against {docs}"
+        elif e["type"] == "missing":
+            msg = f"required; add it (see {docs})"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
