@@ -147,3 +147,113 @@ def local_search(tables, w, assignment, rng: np.random.Generator, max_rounds: in
             break
         a, cur = C[i].copy(), f[i]
     return best
+
+
+def _paint(a: np.ndarray, s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Copies of `a`, the i-th with layers s[i]..e[i]-1 set to type t[i]."""
+    pos = np.arange(len(a))[None, :]
+    inside = (pos >= s[:, None]) & (pos < e[:, None])
+    return np.where(inside, t[:, None], a[None, :])
+
+
+def neighbourhood(a: np.ndarray, R: int, rng: np.random.Generator, segments: int = 256,
+                  random_segments: bool = True) -> np.ndarray:
+    """Every plan one move away from `a`: retype one layer; move one stage boundary by
+    1, 2, 3, 4, 6, 8, 12, ... layers either way (the neighbouring stage grows); paint a
+    run of whole stages (up to `segments` runs, sampled when there are more) with any
+    type; and, if `random_segments`, paint `segments` random segments with any type."""
+    L = len(a)
+    S, E, T = [], [], []
+    ls = np.repeat(np.arange(L), R)
+    S.append(ls); E.append(ls + 1); T.append(np.tile(np.arange(R), L))
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(a)) + 1, [L]])
+    inner = bounds[1:-1]
+    if len(inner):
+        steps = np.unique(np.concatenate([[1, 2, 3], np.round(2.0 ** np.arange(2, np.log2(L) + 1, 0.5))])).astype(int)
+        b = np.repeat(inner, len(steps)); d = np.tile(steps, len(inner))
+        S.append(b); E.append(np.minimum(L, b + d)); T.append(a[b - 1])     # left stage grows right
+        S.append(np.maximum(0, b - d)); E.append(b); T.append(a[b])          # right stage grows left
+    bi, bj = np.triu_indices(len(bounds), k=1)
+    if len(bi) > segments:
+        pick = rng.choice(len(bi), segments, replace=False)
+        bi, bj = bi[pick], bj[pick]
+    S.append(np.repeat(bounds[bi], R)); E.append(np.repeat(bounds[bj], R)); T.append(np.tile(np.arange(R), len(bi)))
+    if random_segments:
+        s = rng.integers(0, L, segments)
+        e = np.minimum(L, s + rng.integers(1, max(2, L // 3), segments))
+        S.append(np.repeat(s, R)); E.append(np.repeat(e, R)); T.append(np.tile(np.arange(R), segments))
+    C = _paint(a, np.concatenate(S), np.concatenate(E), np.concatenate(T))
+    return C[(C != a[None, :]).any(axis=1)]
+
+
+def deep_local_search(tables, w, assignment, rng: np.random.Generator, max_rounds: int = 200,
+                      segments: int = 256, mu: float = 2.0, width: int = 16,
+                      max_cells: int = 4_000_000) -> tuple[np.ndarray, float]:
+    """Steepest descent on the soft objective of `soft_cost` over `neighbourhood`, with a
+    two-move lookahead when it stalls: the `width` best distinct neighbours are each
+    expanded by one more move (no random segments) and the best two-move plan is taken
+    if it lowers the objective (two moves cross a count limit that one move cannot, e.g.
+    trading layers between two stages of a scarce type). Every plan looked at is scored
+    with the cost model, and the cheapest feasible one is kept. Returns (plan, $/h)."""
+    a = np.asarray(assignment, dtype=np.int64).copy()
+    L = w.n_layers
+    scale = float(np.min(w.price)) or 1.0
+    s0, h0 = soft_cost(tables, w, a[None], scale, mu)
+    cur = float(s0[0])
+    best, best_h = a.copy(), float(h0[0])
+
+    def score(C):
+        f = np.empty(len(C)); h = np.empty(len(C))
+        step = max(1, max_cells // max(1, L))
+        for i in range(0, len(C), step):
+            f[i:i + step], h[i:i + step] = soft_cost(tables, w, C[i:i + step], scale, mu)
+        return f, h
+
+    for _ in range(max_rounds):
+        C = neighbourhood(a, w.n_types, rng, segments)
+        if not len(C):
+            break
+        f, h = score(C)
+        j = int(np.argmin(h))
+        if h[j] < best_h:
+            best, best_h = C[j].copy(), float(h[j])
+        i = int(np.argmin(f))
+        if f[i] < cur - 1e-12:
+            a, cur = C[i].copy(), float(f[i])
+            continue
+        if width <= 0:
+            break
+        _, first = np.unique(C, axis=0, return_index=True)
+        top = first[np.argsort(f[first], kind="stable")[:width]]
+        nxt_a, nxt_f = None, cur - 1e-12
+        for t in top:
+            C2 = neighbourhood(C[t], w.n_types, rng, segments, random_segments=False)
+            f2, h2 = score(C2)
+            j = int(np.argmin(h2))
+            if h2[j] < best_h:
+                best, best_h = C2[j].copy(), float(h2[j])
+            i = int(np.argmin(f2))
+            if f2[i] < nxt_f:
+                nxt_a, nxt_f = C2[i].copy(), float(f2[i])
+        if nxt_a is None:
+            break
+        a, cur = nxt_a, nxt_f
+    return best, best_h
+
+
+def iterated_local_search(tables, w, assignment, rng: np.random.Generator, kicks: int = 60,
+                          kick_moves: int = 3, **kw) -> tuple[np.ndarray, float]:
+    """`deep_local_search` from `assignment`, then `kicks` times: perturb the best plan
+    by 1..kick_moves random moves from `neighbourhood` and descend again; keep the best."""
+    best, best_h = deep_local_search(tables, w, assignment, rng, **kw)
+    a0 = np.asarray(assignment, dtype=np.int64)
+    for _ in range(kicks):
+        x = (best if np.isfinite(best_h) else a0).copy()
+        for _ in range(int(rng.integers(1, kick_moves + 1))):
+            C = neighbourhood(x, w.n_types, rng, 32)
+            if len(C):
+                x = C[int(rng.integers(len(C)))]
+        b, bh = deep_local_search(tables, w, x, rng, **kw)
+        if bh < best_h:
+            best, best_h = b, bh
+    return best, best_h
