@@ -265,6 +265,17 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
     for step in range(start, spec.steps):
         saved, sends = {}, []
         pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
+        def receive(peer: int, i: int, what: str):
+            """Tensors of micro-batch i from a neighbour stage; the wait counts as idle time."""
+            tw = time.perf_counter()
+            try:
+                got, ready = recv_tensors(peer, i)
+            except RuntimeError as err:
+                raise fail(f"receiving {what} of micro-batch {i}", [peer], err) from None
+            pacer.begin(ready)
+            prof["recv_wait_s"] += time.perf_counter() - tw
+            return got
+
         step_loss = torch.zeros(())
         for i in mine:
             m = sizes[i]
@@ -274,13 +285,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 inputs = [dense, ids]
             else:
                 src = prev[i % len(prev)]
-                tw = time.perf_counter()
-                try:
-                    got, ready = recv_tensors(src, i)
-                except RuntimeError as err:
-                    raise fail(f"receiving activations of micro-batch {i}", [src], err) from None
-                pacer.begin(ready)
-                prof["recv_wait_s"] += time.perf_counter() - tw
+                got = receive(src, i, "activations")
                 label, inputs = got[-1], got[:-1]
                 for t in inputs:
                     if t.is_floating_point():
@@ -320,13 +325,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 m = sizes[i]
                 inputs, out, uniq, rows = saved.pop(i)
                 dst = nxt[i % len(nxt)]
-                tw = time.perf_counter()
-                try:
-                    grads, ready = recv_tensors(dst, i)
-                except RuntimeError as err:
-                    raise fail(f"receiving gradients of micro-batch {i}", [dst], err) from None
-                pacer.begin(ready)
-                prof["recv_wait_s"] += time.perf_counter() - tw
+                grads = receive(dst, i, "gradients")
                 ev(f"bwd{i}-in")
                 fl = [o for o in out if o.is_floating_point()]
                 pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
