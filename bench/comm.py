@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from hetrain.perf.comm import byteps_speedup_over_allreduce, byteps_time, ps_time, ring_allreduce_time  # noqa: E402
 
 MARK = "HETRAIN_BENCH "
+MTU = 9000  # jumbo frames: at 1500 B, TCP/IP headers alone take ~5% of every link
 
 
 def worker(sizes: list[int], repeats: int, ddp: bool) -> None:
@@ -72,7 +73,8 @@ def cluster_file(n: int, k: int, rate: str, tmp: Path) -> Path:
     machines = [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}, "bandwidth": rate} for i in range(n)]
     machines += [{"name": f"c{j}", "role": "cpu", "bandwidth": rate} for j in range(k)]
     path = tmp / f"n{n}k{k}.yaml"
-    path.write_text(yaml.safe_dump({"name": f"bench-n{n}-k{k}", "network": {"emulate": "netns"}, "machines": machines}))
+    net = {"emulate": "netns", "mtu": MTU}
+    path.write_text(yaml.safe_dump({"name": f"bench-n{n}-k{k}", "network": net, "machines": machines}))
     return path
 
 
@@ -99,8 +101,8 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--rate", default="400mbit", help="NIC bandwidth of every machine")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--partition-bytes", type=int, default=262_144,
-                    help="BytePS's 4 MB default suits 100 MB+ gradients; these are 8-64 MB")
+    ap.add_argument("--partition-bytes", type=int, default=65_536,
+                    help="BytePS's 4 MB is ~1.3 ms on a 25 Gbit/s link; 64 KB is that on these 400 Mbit/s links")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
@@ -151,8 +153,8 @@ def main() -> int:
                           "theory_s": ring_allreduce_time(nbytes, n, bw)})
     head = (f"{'k':>2} {'mode':<13}{'MB':>6}{'measured s':>12}{'theory s':>10}{'t_opt s':>9}{'meas/t_opt':>11}"
             f"{'DDP s':>8}{'DDP/meas':>9}{'ideal':>7}")
-    print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf); "
-          f"medians of {repeats}")
+    print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf, MTU {MTU}); "
+          f"partitions of {partition} B; medians of {repeats}")
     print(head + "\n" + "-" * len(head))
     for c in sorted(cases, key=lambda c: (c["k"], c["mode"], c["bytes"])):
         ideal = byteps_speedup_over_allreduce(n, c["k"]) if c["mode"].startswith("byteps") else float("nan")

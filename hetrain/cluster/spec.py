@@ -107,6 +107,9 @@ class NetworkSpec(_Strict):
     # netns: the queue behind each tbf shaper; auto = fq_codel where the kernel has it
     qdisc: Literal["auto", "fq_codel", "fifo"] = "auto"
     queue_ms: float = Field(default=100.0, gt=0, le=1000)  # tbf's FIFO depth, in time at the link rate
+    # netns: MTU of every emulated link. 9000 (jumbo frames, usual on datacenter links)
+    # cuts TCP/IP header overhead from about 5% of the link to under 1%.
+    mtu: int = Field(default=1500, ge=576, le=65535)
 
 
 class ClusterSpec(_Strict):

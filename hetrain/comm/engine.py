@@ -19,7 +19,8 @@ import torch.distributed as dist
 from ..errors import UserError
 from ..runtime.context import Context, init
 from .layout import Manifest, TensorMismatchError, exchange_manifests
-from .protocol import check_header, exchange_header
+from .protocol import (MAX_PARTITIONS, OK, SLOW, STOPPED, ControlExchange, check_header, exchange_header,
+                       part_tag, speculating)
 from .compress import ErrorFeedback
 from .server import plan_for
 from .wire import WirePart, decode_part, encode_part, payload_bytes, tensor_codecs, wire_plan
@@ -43,6 +44,7 @@ class PushPull:
         self.ctx = ctx or init()
         self.stats = CommStats()
         self._digest = 0
+        self._epoch = 0  # layouts seen so far (partition tags carry it)
         self._manifest: Manifest | None = None
         self._parts = []
         self._wire: list[WirePart] | None = None
@@ -91,54 +93,71 @@ class PushPull:
                             "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
         manifest = self._manifest_for(named)
         t0 = time.perf_counter()
-        if not ctx.distributed:
-            total = weight
-        else:
-            try:
-                h = exchange_header(digest=manifest.digest(), weight=int(weight), numel=manifest.numel, is_worker=True)
-            except RuntimeError as err:
-                raise ctx.peer_error("exchanging the step header", [], err) from None
-            try:
-                check_header(h, ctx.num_workers, manifest)
-            except TensorMismatchError:
-                ctx.failed = True
-                raise
-            if h.digest != self._digest:
-                exchange_manifests(manifest)
-                self._digest = h.digest
-                self._layout(manifest)
-            total = h.weight
-        if average and total == 0:
-            raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
-        t1 = time.perf_counter()
-        scale = (weight / total) if average else 1.0
         if not ctx.distributed:  # one process: the weighted average of one worker is itself
-            self._account(t1 - t0, 0.0, 0, 0.0)
+            if average and weight == 0:
+                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
+            self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
             return False
+        control = None
+        if not self._server_ranks:  # allreduce: workers scale their own share
+            total = self._slow_header(manifest, int(weight))
+            if average and total == 0:
+                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
+            scale = (weight / total) if average else 1.0
+        else:  # the servers weight each worker's push (they learn b_i from its control message)
+            scale = 1.0
+            self._total = -1
+            control = self._announce(manifest, int(weight), average)
+        t1 = time.perf_counter()
         self._step = _Step(scale=scale, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
-                           filled=[0] * len(self._parts), posted=[False] * len(self._parts), overlapped=overlapped)
+                           filled=[0] * len(self._parts), posted=[False] * len(self._parts), overlapped=overlapped,
+                           control=control, manifest=manifest, weight=int(weight), average=average,
+                           total=self._total if self._server_ranks else total)
         return True
 
     def ready(self, index: int, tensor: torch.Tensor) -> None:
         """Tensor `index` of the current push_pull is final: copy it out and send every
-        partition it completes (overlap: called from a gradient hook)."""
+        partition it completes (overlap: called from a gradient hook).
+
+        The copy goes partition by partition and each partition is posted as soon as it
+        is whole, so the first bytes leave after one partition's copy, not the model's."""
         st = self._step
         if st is None or st.done[index]:
             return
         st.done[index] = True
+        st.tensors[index] = tensor
+        if not tensor.is_contiguous():
+            st.deliver = False  # results are written by finish() in one pass
         a, b = self._bounds[index], self._bounds[index + 1]
-        dst = self._send[a:b]
-        dst.copy_(tensor.detach().reshape(-1))
-        if st.scale != 1.0:
-            dst.mul_(st.scale)
+        flat = tensor.detach().reshape(-1)
         if self.ctx.comm.mode == "allreduce":
+            self._fill(self._send[a:b], flat, st.scale)
             return
         for pid, n in self._touches[index]:
+            p = self._parts[pid]
+            lo, hi = max(a, p.start), min(b, p.start + p.length)
+            self._fill(self._send[lo:hi], flat[lo - a: hi - a], st.scale)
             st.filled[pid] += n
-        for pid, n in self._touches[index]:
-            if st.filled[pid] == self._parts[pid].length:
+            if st.filled[pid] == p.length:
                 st.pending.append(pid)
-        self._flush(st, block=False)
+                self._flush(st, block=False)
+
+    @staticmethod
+    def _fill(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
+        if scale != 1.0:
+            torch.mul(src, scale, out=dst)
+        else:
+            dst.copy_(src)
+
+    def _deliver(self, st: "_Step", pid: int) -> None:
+        """Write partition `pid`'s result into the user's tensors as soon as it arrives,
+        so finish() is left with the last partition's copy, not the whole model's."""
+        if not st.deliver:
+            return
+        p = self._parts[pid]
+        for i, lo, hi in self._spans[pid]:
+            a = self._bounds[i]
+            st.tensors[i].detach().view(-1)[lo - a: hi - a].copy_(self._recv[lo:hi])
 
     def finish(self, tensors: list[torch.Tensor]) -> None:
         """Send what is left, wait for every sum and write the results into `tensors`."""
@@ -161,11 +180,17 @@ class PushPull:
                 result = self._send
                 st.t_last = time.perf_counter()
             else:
+                if st.control is not None:
+                    self._check_answers(st)
                 self._flush(st, block=True)
-                while st.inflight:
-                    self._retire(st, st.inflight.popleft())
+                for q in st.inflight.values():
+                    while q:
+                        self._retire(st, q.popleft())
                 result = self._recv
-            self._unfill(tensors, result)
+            if self.ctx.comm.mode == "allreduce" or not st.deliver:
+                self._unfill(tensors, result)
+            if st.average and st.total == 0:
+                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
         finally:
             self._step = None
         end = time.perf_counter()
@@ -188,6 +213,62 @@ class PushPull:
     def in_flight(self) -> bool:
         return self._step is not None
 
+    def _announce(self, manifest: Manifest, weight: int, average: bool) -> "ControlExchange | None":
+        """Send this step's control message to every server. With an unchanged layout
+        the servers already hold receives for it, so return at once (the answers are
+        checked in finish); otherwise wait for them and take the header path."""
+        digest = manifest.digest()
+        try:
+            control = ControlExchange(self._server_ranks, digest=digest, numel=manifest.numel, weight=weight,
+                                      stop=False, average=average)
+            if digest == self._digest and speculating(self._epoch):
+                return control
+            replies = control.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error("announcing the step to the summation servers", [], err) from None
+        status = {r.status for r in replies}
+        if status == {OK}:  # unchanged layout, not speculating (after MAX_EPOCHS layouts)
+            return control
+        if status != {SLOW}:  # pragma: no cover - servers decide alike
+            self.ctx.failed = True
+            raise RuntimeError(f"summation servers answered a new layout with {replies}")
+        self._total = self._slow_header(manifest, weight)
+        return None
+
+    def _check_answers(self, st: "_Step") -> None:
+        """The servers' verdict on a step announced without waiting; anything but OK
+        means the workers disagree, and the header path says how, on every rank."""
+        try:
+            replies = st.control.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error("waiting for the summation servers' answer", [], err) from None
+        status = {r.status for r in replies}
+        if status == {SLOW}:
+            self._slow_header(st.manifest, st.weight)  # raises the mismatch on every rank
+        if status != {OK}:  # pragma: no cover - servers decide alike
+            self.ctx.failed = True
+            raise RuntimeError(f"summation servers disagree about the step: {replies}")
+        st.total = replies[0].weight
+
+    def _slow_header(self, manifest: Manifest, weight: int) -> int:
+        """The global step header (every rank): new layouts, mismatches and stops."""
+        ctx = self.ctx
+        try:
+            h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True)
+        except RuntimeError as err:
+            raise ctx.peer_error("exchanging the step header", [], err) from None
+        try:
+            check_header(h, ctx.num_workers, manifest)
+        except TensorMismatchError:
+            ctx.failed = True
+            raise
+        if h.digest != self._digest:
+            exchange_manifests(manifest)
+            self._digest = h.digest
+            self._epoch += 1
+            self._layout(manifest)
+        return h.weight
+
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
         if self.ctx.distributed and self._server_ranks and not self.ctx.failed and self.ctx.comm.sync != "sync":
@@ -197,9 +278,18 @@ class PushPull:
             return
         if self.ctx.distributed and self._server_ranks and not self.ctx.failed:
             try:
-                exchange_header(stop=True, is_worker=True)
+                replies = ControlExchange(self._server_ranks, digest=0, numel=0, weight=0, stop=True,
+                                          average=False).wait()
+                if {r.status for r in replies} == {STOPPED}:
+                    return
+                h = exchange_header(stop=True, is_worker=True)  # not every worker stops: say so everywhere
             except RuntimeError as err:
                 raise self.ctx.peer_error("telling the servers the job is over", [], err) from None
+            try:
+                check_header(h, self.ctx.num_workers, None)
+            except TensorMismatchError:
+                self.ctx.failed = True
+                raise
 
     # ---- internals ----------------------------------------------------------------------
     def _manifest_for(self, named) -> Manifest:
@@ -213,6 +303,9 @@ class PushPull:
         self._send = torch.empty(numel, dtype=torch.float32)
         self._recv = torch.empty(numel, dtype=torch.float32)
         self._parts = plan_for(self.ctx, numel) if self._server_ranks else []
+        if len(self._parts) >= MAX_PARTITIONS:
+            raise UserError(f"{len(self._parts)} partitions per step is more than hetrain supports ({MAX_PARTITIONS}); "
+                            "raise --partition-bytes")
         self._bounds = [0]
         for e in manifest.entries:
             self._bounds.append(self._bounds[-1] + e.numel)
@@ -229,6 +322,12 @@ class PushPull:
                     touch.append((j, n))
                 j += 1
             self._touches.append(touch)
+        self._spans = [[] for _ in self._parts]  # per partition: (tensor, flat lo, flat hi)
+        for i, touch in enumerate(self._touches):
+            a, b = self._bounds[i], self._bounds[i + 1]
+            for pid, _ in touch:
+                p = self._parts[pid]
+                self._spans[pid].append((i, max(a, p.start), min(b, p.start + p.length)))
         self._wire = None
         if self._parts:
             codecs = wire_codecs(self.ctx, manifest)
@@ -244,8 +343,8 @@ class PushPull:
             self._unit = 4
             sizes = [p.length * 4 for p in self._parts]
         self._sizes = sizes
-        credit = self.ctx.comm.credit_bytes or 2 * self.ctx.comm.partition_bytes * max(1, len(self._server_ranks))
-        self._credit = max(1, credit)
+        self._credit = max(1, self.ctx.comm.credit_bytes)
+        self._window = 0 if self.ctx.comm.credit_bytes else window_partitions(self.ctx.comm.partition_bytes)
         self._unlimited = self.ctx.comm.overlap and not self.ctx.comm.credit_bytes
 
     def _unfill(self, tensors, result: torch.Tensor) -> None:
@@ -268,32 +367,53 @@ class PushPull:
             rbuf = self._precv[w.offset: w.offset + w.nbytes]
         if st.t_first is None:
             st.t_first = time.perf_counter()
+
         g = self.ctx.lane(p.lane)
         self.ctx.pace(dst, sbuf.numel() * sbuf.element_size())
-        s = dist.isend(sbuf, dst=dst, tag=p.pid, group=g)
-        r = dist.irecv(rbuf, src=dst, tag=p.pid, group=g)
-        st.inflight.append((pid, dst, s, r))
+        tag = part_tag(self._epoch, p.pid)
+        s = dist.isend(sbuf, dst=dst, tag=tag, group=g)
+        r = dist.irecv(rbuf, src=dst, tag=tag, group=g)
+        st.inflight.setdefault(p.server, deque()).append((pid, dst, s, r))
         st.used += self._sizes[pid]
         st.posted[pid] = True
 
     def _flush(self, st: "_Step", block: bool) -> None:
         """Post pending partitions in priority order while the credit window allows;
-        with block=False never wait (called from backward), with block=True wait as needed."""
+        with block=False never wait (called from backward), with block=True wait as needed.
+
+        The default window is per server: at most `window` partitions in flight to each
+        server. A byte budget over all servers (--credit-bytes) lets a worker whose
+        flows happen to run fast put several partitions ahead at one server while
+        another worker's first one is still on its way; that server can sum nothing
+        until the slowest worker's partition arrives whole, so its uplink idles. A
+        per-server window keeps every worker within one partition of the others."""
         st.pending.sort(reverse=self._unlimited)
+        # overlapped steps (and every step under --overlap without --credit-bytes)
+        # post each partition as soon as it is ready: holding one back would idle the
+        # link until the next gradient hook fires, and waiting for an early-posted
+        # (late-layer) sum while an earlier partition is still held back could
+        # deadlock against a server that sums in partition order.
+        unlimited = self._unlimited or st.overlapped
         while st.pending:
             pid = st.pending[0]
-            # overlapped steps (and every step under --overlap without --credit-bytes)
-            # post each partition as soon as it is ready: holding one back would idle the
-            # link until the next gradient hook fires, and waiting for an early-posted
-            # (late-layer) sum while an earlier partition is still held back could
-            # deadlock against a server that sums in partition order.
-            limit = float("inf") if (self._unlimited or st.overlapped) else self._credit
-            while st.inflight and st.used + self._sizes[pid] > limit:
-                if not block:
-                    return
-                self._retire(st, st.inflight.popleft())
+            srv = self._parts[pid].server
+            if not unlimited:
+                if self._window:
+                    while len(st.inflight.setdefault(srv, deque())) >= self._window:
+                        if not block:
+                            return
+                        self._retire(st, st.inflight[srv].popleft())
+                else:
+                    while st.used and st.used + self._sizes[pid] > self._credit:
+                        if not block:
+                            return
+                        self._retire_oldest(st)
             st.pending.pop(0)
             self._post(st, pid)
+
+    def _retire_oldest(self, st: "_Step") -> None:
+        srv = min((q[0][0], s) for s, q in st.inflight.items() if q)[1]
+        self._retire(st, st.inflight[srv].popleft())
 
     def _retire(self, st: "_Step", item) -> None:
         pid, dst, s, r = item
@@ -309,6 +429,7 @@ class PushPull:
         if self._wire is not None:
             w = self._wire[pid]
             decode_part(w, self._precv[w.offset: w.offset + w.nbytes], self._recv)
+        self._deliver(st, pid)
 
     def _account(self, wait_s: float, comm_s: float, moved: int, hidden_s: float, received: int | None = None) -> None:
         st = self.stats
@@ -333,13 +454,31 @@ class _Step:
     filled: list[int]
     posted: list[bool]
     overlapped: bool = False
+    control: object = None  # this step's ControlExchange, answers not yet read
+    manifest: object = None
+    weight: int = 0
+    average: bool = True
+    total: int = -1  # Σ batch weights, from the servers' answers
+    tensors: dict = field(default_factory=dict)  # index -> the user's tensor, once ready
+    deliver: bool = True  # results go straight into the tensors (all contiguous)
     pending: list[int] = field(default_factory=list)
-    inflight: deque = field(default_factory=deque)
+    inflight: dict = field(default_factory=dict)  # server index -> deque of partitions in flight
     used: int = 0
     bytes_out: int = 0
     bytes_in: int = 0
     t_first: float | None = None
     t_last: float = 0.0
+
+
+WINDOW_BYTES = 512 * 1024
+
+
+def window_partitions(partition_bytes: int) -> int:
+    """Partitions in flight per server by default: at least 2 (one summing, one
+    arriving) and about 512 KiB, which kept every link busy on the 400 Mbit benchmark
+    cluster (bench/comm.py: 2 partitions of 256 KB left the CPU servers' uplinks idle
+    between partitions; 8 of 64 KB did not)."""
+    return max(2, -(-WINDOW_BYTES // max(1, partition_bytes)))
 
 
 def wire_codecs(ctx: Context, manifest: Manifest) -> list[str]:

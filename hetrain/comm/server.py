@@ -17,7 +17,7 @@ from ..runtime.context import Context, init, teardown
 from .compress import ErrorFeedback
 from .layout import Manifest, exchange_manifests
 from .partition import Partition, lanes_for, plan_partitions, split_lanes
-from .protocol import check_header, exchange_header
+from .protocol import OK, SLOW, STOPPED, ControlInbox, check_header, exchange_header, part_tag, speculating
 from .wire import decode_part, encode_part, tensor_codecs, wire_plan
 
 
@@ -35,6 +35,8 @@ class SummationServer:
         self.index = me.index
         self.workers = ctx.topology.worker_ranks
         self.digest = 0
+        self.epoch = 0  # layouts seen so far (partition tags carry it)
+        self.coef = torch.ones(len(self.workers))
         self.mine: list[Partition] = []
         self.bufs: list[torch.Tensor] = []
         self.sums: list[torch.Tensor] = []
@@ -65,31 +67,63 @@ class SummationServer:
             self.feedback = ErrorFeedback(numel)
 
     def serve_forever(self) -> None:
+        inbox = ControlInbox(self.workers)
+        spec = None  # receives already posted for the next step (same layout)
         while True:
-            try:
-                h = exchange_header(is_worker=False)
-            except RuntimeError as err:
-                raise self.ctx.peer_error("waiting for the next step", [], err) from None
-            if h.stops == len(self.workers):
+            rows = inbox.wait(lambda w, err: self.ctx.peer_error("waiting for the next step", [w], err))
+            status = inbox.verdict(rows, self.digest)
+            if status == STOPPED:  # receives still posted for a next step are dropped at teardown
+                self._wait_all(inbox.answer(STOPPED, 0), "telling it the servers stopped")
                 return
-            try:
-                check_header(h, len(self.workers), None)
-            except Exception:
-                self.ctx.failed = True
-                raise
-            if h.digest != self.digest:
-                # workers publish the new layout; servers need its size and (for codecs) its tensors
-                manifests = [m for m in exchange_manifests(None) if m is not None]
-                self.digest = h.digest
-                self._replan(h.numel_each, manifests[0] if manifests else None)
-            self._round()
+            inbox.repost()
+            self.coef = inbox.coefficients(rows)
+            if status == OK:
+                recvs = spec if spec is not None else self._post_recvs()
+                answers = inbox.answer(OK, int(rows[:, 3].sum()))
+                self._round(recvs)
+                self._wait_all(answers, "answering its step announcement")
+            else:
+                self._wait_all(inbox.answer(SLOW, 0), "answering its step announcement")
+                if not self._slow_step():
+                    return
+            spec = self._post_recvs() if speculating(self.epoch) else None
             self.steps += 1
 
-    def _round(self) -> None:
+    def _slow_step(self) -> bool:
+        """The full header path (first step, new layout, mismatch, partial stop)."""
+        try:
+            h = exchange_header(is_worker=False)
+        except RuntimeError as err:
+            raise self.ctx.peer_error("waiting for the next step", [], err) from None
+        if h.stops == len(self.workers):  # pragma: no cover - the control messages catch a full stop
+            return False
+        try:
+            check_header(h, len(self.workers), None)
+        except Exception:
+            self.ctx.failed = True
+            raise
+        if h.digest != self.digest:
+            # workers publish the new layout; servers need its size and (for codecs) its tensors
+            manifests = [m for m in exchange_manifests(None) if m is not None]
+            self.digest = h.digest
+            self.epoch += 1
+            self._replan(h.numel_each, manifests[0] if manifests else None)
+        self._round(self._post_recvs())
+        return True
+
+    def _wait_all(self, works, what: str) -> None:
+        for w, work in works:
+            self._wait(work, w, what)
+
+    def _post_recvs(self) -> list:
         recvs = []
         for p, buf in zip(self.mine, self.bufs):
             g = self.ctx.lane(p.lane)
-            recvs.append([dist.irecv(buf[i], src=w, tag=p.pid, group=g) for i, w in enumerate(self.workers)])
+            tag = part_tag(self.epoch, p.pid)
+            recvs.append([dist.irecv(buf[i], src=w, tag=tag, group=g) for i, w in enumerate(self.workers)])
+        return recvs
+
+    def _round(self, recvs: list) -> None:
         sends = []
         order = list(range(len(self.mine)))
         if self.ctx.comm.overlap and not self.ctx.comm.credit_bytes:
@@ -107,14 +141,15 @@ class SummationServer:
             self._wait(work, w, f"receiving partition {p.pid} from it")
         t0 = time.perf_counter()
         if self.wire is None:
-            torch.sum(buf, dim=0, out=total)  # vectorised add of n pushes
+            torch.matmul(self.coef, buf, out=total)  # Σ_i c_i·push_i, c_i = b_i/Σb: one vectorised pass
         else:
             self._sum_encoded(i, buf, total)
         self.busy_s += time.perf_counter() - t0
         g = self.ctx.lane(p.lane)
         for w in self.workers:
             self.ctx.pace(w, total.numel() * total.element_size())
-        return [(w, p.pid, dist.isend(total, dst=w, tag=p.pid, group=g)) for w in self.workers]
+        tag = part_tag(self.epoch, p.pid)
+        return [(w, p.pid, dist.isend(total, dst=w, tag=tag, group=g)) for w in self.workers]
 
     def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
         w, dec = self.wire[i], self.decoded[i]
@@ -122,7 +157,7 @@ class SummationServer:
         for row in range(buf.shape[0]):
             decode_part(w, buf[row], dec[row], base=p.start)
         flat = self.total
-        torch.sum(dec, dim=0, out=flat[p.start: p.start + p.length])
+        torch.matmul(self.coef, dec, out=flat[p.start: p.start + p.length])
         encode_part(w, flat, out, self.feedback)
 
     def _wait(self, work, peer: int, what: str) -> None:

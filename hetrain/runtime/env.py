@@ -19,7 +19,7 @@ class CommConfig:
 
     mode: str = "byteps"
     partition_bytes: int = 4_096_000  # BytePS default
-    credit_bytes: int = 0  # bytes in flight per worker; 0 = 2 partitions per server
+    credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (engine.window_partitions)
     timeout_s: float = 60.0  # a lost peer is reported within this time
     # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
     # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
