@@ -38,3 +38,14 @@ def test_ddp_comm_hook_matches_single_process(launch, tmp_path):
         got = torch.load(out / f"rank{r}-ddp.pt")
         for name, want in ref.items():
             torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["byteps", "allreduce"])
+def test_layout_changes_weights_and_sums(launch, mode):
+    """New layouts mid-job (servers had already posted receives for the old one), a
+    worker with weight 0, and average=False: each worker checks every result."""
+    rc, log, _ = launch("relayout.py", mode=mode, extra=("--partition-bytes", "1024"),
+                        cluster=small_cluster(workers=3, cpus=1))
+    assert rc == 0, log
+    assert log.count("relayout ok on rank") == 3, log
