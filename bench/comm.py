@@ -79,7 +79,7 @@ def cluster_file(n: int, k: int, rate: str, tmp: Path) -> Path:
 
 
 def run_case(cfile: Path, mode: str, sizes: list[int], repeats: int, partition: int, ddp: bool) -> dict:
-    lanes = ["--max-lanes", "1"] if mode == "byteps-1lane" else []
+    lanes = ["--max-lanes", "8"] if mode == "byteps-lanes" else []
     mode = mode.split("-")[0]
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode, *lanes,
            "--partition-bytes", str(partition), "--timeout", "120", "--run-dir", str(cfile.parent / f"run-{mode}"),
@@ -121,12 +121,12 @@ def main() -> int:
     n = 4
     bw = parse_rate(args.rate)
     sizes = [8_000_000, 32_000_000] if args.quick else [8_000_000, 32_000_000, 64_000_000]
-    repeats = 3 if args.quick else args.repeats
+    repeats = 5 if args.quick else args.repeats
     ks = [0, 1, 2, 4]
     partition = args.partition_bytes
-    # byteps-1lane: the ablation of lanes (one connection per server), where shares differ
+    # byteps-lanes: the ablation of lanes (parallel connections ∝ share, up to 8), where shares differ
     modes_for = (lambda k: ["byteps"]) if args.quick else (
-        lambda k: ["byteps", "colocated"] + (["ps"] if k else []) + (["byteps-1lane"] if 0 < k < n else []))
+        lambda k: ["byteps", "colocated"] + (["ps"] if k else []) + (["byteps-lanes"] if 0 < k < n else []))
     cases = []
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmpd:
@@ -143,7 +143,7 @@ def main() -> int:
                               "measured_s": res[str(nbytes)]["push_pull"], "all_s": res[str(nbytes)]["all"],
                               "t_opt_s": byteps_time(nbytes, n, k, bw), "ddp_s": base[str(nbytes)]["ddp"],
                               "theory_s": {"byteps": byteps_time(nbytes, n, k, bw),
-                                           "byteps-1lane": byteps_time(nbytes, n, k, bw),
+                                           "byteps-lanes": byteps_time(nbytes, n, k, bw),
                                            "colocated": ring_allreduce_time(nbytes, n, bw),
                                            "ps": ps_time(nbytes, n, max(k, 1), bw)}[mode]})
         for nbytes in sizes:

@@ -116,31 +116,36 @@ class PushPull:
         return True
 
     def ready(self, index: int, tensor: torch.Tensor) -> None:
-        """Tensor `index` of the current push_pull is final: copy it out and send every
-        partition it completes (overlap: called from a gradient hook).
+        """Tensor `index` of the current push_pull is final: post every partition it
+        completes (overlap: called from a gradient hook).
 
-        The copy goes partition by partition and each partition is posted as soon as it
-        is whole, so the first bytes leave after one partition's copy, not the model's."""
+        Nothing is copied here. A partition that lies inside one contiguous tensor is sent
+        from that tensor and its result received straight into it (zero-copy both ways:
+        the result can only arrive after the server has the whole push, so after the send
+        has read it); one that spans tensors is copied into a staging buffer when it is
+        posted. Tensors must stay untouched until finish() returns."""
         st = self._step
         if st is None or st.done[index]:
             return
         st.done[index] = True
+        t = tensor.detach()
+        storage = t.untyped_storage().data_ptr() if t.numel() else None
+        # a tensor sharing storage with an earlier one (tied or viewed buffers) is sent from
+        # a snapshot: the earlier one's result may land in that memory before it is read
+        inplace = t.is_contiguous() and (storage is None or storage not in st.storages)
+        st.storages.add(storage)
+        st.flat[index] = t.view(-1) if inplace else t.reshape(-1).clone()
+        st.inplace[index] = inplace
         st.tensors[index] = tensor
-        if not tensor.is_contiguous():
-            st.deliver = False  # results are written by finish() in one pass
-        a, b = self._bounds[index], self._bounds[index + 1]
-        flat = tensor.detach().reshape(-1)
         if self.ctx.comm.mode == "allreduce":
-            self._fill(self._send[a:b], flat, st.scale)
+            a, b = self._bounds[index], self._bounds[index + 1]
+            self._fill(self._send[a:b], st.flat[index], st.scale)
             return
         for pid, n in self._touches[index]:
-            p = self._parts[pid]
-            lo, hi = max(a, p.start), min(b, p.start + p.length)
-            self._fill(self._send[lo:hi], flat[lo - a: hi - a], st.scale)
             st.filled[pid] += n
-            if st.filled[pid] == p.length:
+            if st.filled[pid] == self._parts[pid].length:
                 st.pending.append(pid)
-                self._flush(st, block=False)
+        self._flush(st, block=False)
 
     @staticmethod
     def _fill(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
@@ -150,14 +155,14 @@ class PushPull:
             dst.copy_(src)
 
     def _deliver(self, st: "_Step", pid: int) -> None:
-        """Write partition `pid`'s result into the user's tensors as soon as it arrives,
-        so finish() is left with the last partition's copy, not the whole model's."""
-        if not st.deliver:
+        """Write partition `pid`'s result into the user's tensors as soon as it arrives
+        (unless it was received in place), so finish() has no copy of the model left."""
+        if st.direct[pid]:
             return
-        p = self._parts[pid]
         for i, lo, hi in self._spans[pid]:
-            a = self._bounds[i]
-            st.tensors[i].detach().view(-1)[lo - a: hi - a].copy_(self._recv[lo:hi])
+            if st.inplace[i]:
+                a = self._bounds[i]
+                st.flat[i][lo - a: hi - a].copy_(self._recv[lo:hi])
 
     def finish(self, tensors: list[torch.Tensor]) -> None:
         """Send what is left, wait for every sum and write the results into `tensors`."""
@@ -187,8 +192,13 @@ class PushPull:
                     while q:
                         self._retire(st, q.popleft())
                 result = self._recv
-            if self.ctx.comm.mode == "allreduce" or not st.deliver:
+            if self.ctx.comm.mode == "allreduce":
                 self._unfill(tensors, result)
+            else:  # tensors that could not take their results in place
+                for i, t in enumerate(tensors):
+                    if not st.inplace.get(i, True):
+                        a, b = self._bounds[i], self._bounds[i + 1]
+                        t.copy_(result[a:b].view_as(t))
             if st.average and st.total == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
         finally:
@@ -357,14 +367,26 @@ class PushPull:
     def _post(self, st: "_Step", pid: int) -> None:
         p = self._parts[pid]
         dst = self._server_ranks[p.server]
-        if self._wire is None:
-            sbuf = self._send[p.start: p.start + p.length]
-            rbuf = self._recv[p.start: p.start + p.length]
+        spans = self._spans[pid]
+        if self._wire is None and len(spans) == 1:  # inside one tensor: zero-copy
+            i, lo, hi = spans[0]
+            a = self._bounds[i]
+            sbuf = st.flat[i][lo - a: hi - a]
+            st.direct[pid] = st.inplace[i]
+            rbuf = sbuf if st.direct[pid] else self._recv[lo:hi]
         else:
-            w = self._wire[pid]
-            sbuf = self._psend[w.offset: w.offset + w.nbytes]
-            encode_part(w, self._send, sbuf, self._feedback)
-            rbuf = self._precv[w.offset: w.offset + w.nbytes]
+            st.direct[pid] = False
+            for i, lo, hi in spans:
+                a = self._bounds[i]
+                self._send[lo:hi].copy_(st.flat[i][lo - a: hi - a])
+            if self._wire is None:
+                sbuf = self._send[p.start: p.start + p.length]
+                rbuf = self._recv[p.start: p.start + p.length]
+            else:
+                w = self._wire[pid]
+                sbuf = self._psend[w.offset: w.offset + w.nbytes]
+                encode_part(w, self._send, sbuf, self._feedback)
+                rbuf = self._precv[w.offset: w.offset + w.nbytes]
         if st.t_first is None:
             st.t_first = time.perf_counter()
 
@@ -460,7 +482,10 @@ class _Step:
     average: bool = True
     total: int = -1  # Σ batch weights, from the servers' answers
     tensors: dict = field(default_factory=dict)  # index -> the user's tensor, once ready
-    deliver: bool = True  # results go straight into the tensors (all contiguous)
+    flat: dict = field(default_factory=dict)  # index -> its flat view (or snapshot)
+    inplace: dict = field(default_factory=dict)  # index -> results written straight into it
+    storages: set = field(default_factory=set)
+    direct: dict = field(default_factory=dict)  # pid -> received straight into the tensor
     pending: list[int] = field(default_factory=list)
     inflight: dict = field(default_factory=dict)  # server index -> deque of partitions in flight
     used: int = 0
@@ -470,14 +495,16 @@ class _Step:
     t_last: float = 0.0
 
 
-WINDOW_BYTES = 512 * 1024
+WINDOW_BYTES = 256 * 1024
 
 
 def window_partitions(partition_bytes: int) -> int:
     """Partitions in flight per server by default: at least 2 (one summing, one
-    arriving) and about 512 KiB, which kept every link busy on the 400 Mbit benchmark
-    cluster (bench/comm.py: 2 partitions of 256 KB left the CPU servers' uplinks idle
-    between partitions; 8 of 64 KB did not)."""
+    arriving) and about 256 KiB. Measured on the 400 Mbit benchmark cluster (n=4,
+    8 MB, 64 KB partitions, k=2 / k=4, medians of 7): 128 KiB 1.12 / 1.27 of t_opt and
+    unstable, 192 KiB 1.09 / 1.24, 256 KiB 1.07 / 1.10, 512 KiB 1.13 / 1.15, 1 MiB
+    1.26 / 1.25. More in flight lets the workers' flows into one server drift apart, and a
+    server can sum a partition only when the slowest worker's copy is in."""
     return max(2, -(-WINDOW_BYTES // max(1, partition_bytes)))
 
 

@@ -80,23 +80,24 @@ class SummationServer:
             if status == OK:
                 recvs = spec if spec is not None else self._post_recvs()
                 answers = inbox.answer(OK, int(rows[:, 3].sum()))
-                self._round(recvs)
+                spec = self._round(recvs)
                 self._wait_all(answers, "answering its step announcement")
             else:
                 self._wait_all(inbox.answer(SLOW, 0), "answering its step announcement")
-                if not self._slow_step():
+                done, spec = self._slow_step()
+                if not done:
                     return
-            spec = self._post_recvs() if speculating(self.epoch) else None
             self.steps += 1
 
-    def _slow_step(self) -> bool:
-        """The full header path (first step, new layout, mismatch, partial stop)."""
+    def _slow_step(self) -> tuple[bool, list | None]:
+        """The full header path (first step, new layout, mismatch, partial stop).
+        Returns whether the job goes on, and the next step's receives."""
         try:
             h = exchange_header(is_worker=False)
         except RuntimeError as err:
             raise self.ctx.peer_error("waiting for the next step", [], err) from None
         if h.stops == len(self.workers):  # pragma: no cover - the control messages catch a full stop
-            return False
+            return False, None
         try:
             check_header(h, len(self.workers), None)
         except Exception:
@@ -108,22 +109,26 @@ class SummationServer:
             self.digest = h.digest
             self.epoch += 1
             self._replan(h.numel_each, manifests[0] if manifests else None)
-        self._round(self._post_recvs())
-        return True
+        return True, self._round(self._post_recvs())
 
     def _wait_all(self, works, what: str) -> None:
         for w, work in works:
             self._wait(work, w, what)
 
     def _post_recvs(self) -> list:
-        recvs = []
-        for p, buf in zip(self.mine, self.bufs):
-            g = self.ctx.lane(p.lane)
-            tag = part_tag(self.epoch, p.pid)
-            recvs.append([dist.irecv(buf[i], src=w, tag=tag, group=g) for i, w in enumerate(self.workers)])
-        return recvs
+        return [self._post_recv(i) for i in range(len(self.mine))]
 
-    def _round(self, recvs: list) -> None:
+    def _post_recv(self, i: int) -> list:
+        p, buf = self.mine[i], self.bufs[i]
+        g, tag = self.ctx.lane(p.lane), part_tag(self.epoch, p.pid)
+        return [dist.irecv(buf[k], src=w, tag=tag, group=g) for k, w in enumerate(self.workers)]
+
+    def _round(self, recvs: list) -> list | None:
+        """Sum every partition and send it back. While speculating, each partition's
+        receives for the next step are posted as soon as its buffer is free, spread over
+        the round (posting them all at its end delayed the next step's first sums)."""
+        spec = speculating(self.epoch)
+        nxt: list = [None] * len(self.mine)
         sends = []
         order = list(range(len(self.mine)))
         if self.ctx.comm.overlap and not self.ctx.comm.credit_bytes:
@@ -132,8 +137,11 @@ class SummationServer:
             order.reverse()
         for i in order:
             sends.extend(self._sum_one(i, recvs[i]))
+            if spec:
+                nxt[i] = self._post_recv(i)
         for w, pid, work in sends:
             self._wait(work, w, f"returning the sum of partition {pid} to it")
+        return nxt if spec else None
 
     def _sum_one(self, i: int, works) -> list:
         p, buf, total = self.mine[i], self.bufs[i], self.sums[i]

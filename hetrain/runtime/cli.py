@@ -12,7 +12,7 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", help="cluster YAML (default: built-in 4 mixed workers + 2 CPU machines)")
     p.add_argument("--mode", choices=MODES, default="byteps", help="communication architecture (default byteps)")
     p.add_argument("--partition-bytes", type=int, default=4_096_000)
-    p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker over all servers (0: about 512 KiB, at least 2 partitions, per server)")
+    p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker over all servers (0: about 256 KiB, at least 2 partitions, per server)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
     p.add_argument("--max-lanes", type=int, default=1,
                    help="parallel connections per summation server, proportional to its byte share (default 1)")
