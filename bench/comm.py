@@ -163,7 +163,8 @@ def main() -> int:
               f"{c['ddp_s'] / c['measured_s']:>9.2f}{ideal:>7.2f}")
     print(f"(ideal = theoretical BytePS speed-up over all-reduce, 1 + k(n-2)/n²; wall {time.time() - t_start:.0f}s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rate": args.rate, "repeats": repeats, "cases": cases}, indent=2))
+        Path(args.json).write_text(json.dumps({"rate": args.rate, "mtu": MTU, "partition_bytes": partition,
+                                               "repeats": repeats, "cases": cases}, indent=2))
         print(f"wrote {args.json}")
     return 0
 

@@ -37,6 +37,7 @@ def test_units():
     (lambda d: d["machines"][0]["device"].update(speed=1.5), "speed"),
     (lambda d: d["machines"][0].update(address="not-an-ip"), "not an IP address"),
     (lambda d: d.update(machines=[d["machines"][1]]), "no worker machine"),
+    (lambda d: d.update(network={"emulate": "netns", "mtu": 100}), "network.mtu"),
 ])
 def test_bad_cluster_files_are_named(mutate, message):
     data = _cluster()

@@ -20,9 +20,12 @@ REASON = netns_available()
 @pytest.mark.skipif(REASON is not None, reason=f"cannot create network namespaces here: {REASON}")
 def test_two_node_launch_trains_the_demo(tmp_path):
     hosts = parse_cluster({"machines": [{"name": "hostA", "role": "worker", "device": {}, "bandwidth": "1gbit"},
-                                        {"name": "hostB", "role": "worker", "device": {}, "bandwidth": "1gbit"}]})
+                                        {"name": "hostB", "role": "worker", "device": {}, "bandwidth": "1gbit"}],
+                           "network": {"mtu": 9000}})
     with NetnsCluster(hosts) as net:
         net.up()
+        links = subprocess.run(["ip", "-n", net.namespaces["hostA"], "-o", "link"], capture_output=True, text=True).stdout
+        assert "mtu 9000" in links, links  # network.mtu reaches the emulated links
         a, b = net.addresses["hostA"], net.addresses["hostB"]
         cluster = {"name": "two-nodes", "machines": [
             {"name": "w0", "role": "worker", "device": {"speed": 1.0}, "address": a, "node": 0},
