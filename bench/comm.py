@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from hetrain.perf.comm import byteps_speedup_over_allreduce, byteps_time, ps_time, ring_allreduce_time  # noqa: E402
 
 MARK = "HETRAIN_BENCH "
-MTU = 9000  # jumbo frames: at 1500 B, TCP/IP headers alone take ~5% of every link
+MTU = 9000  # default --mtu: jumbo frames; at 1500 B, TCP/IP headers alone take ~5% of every link
 
 
 def worker(sizes: list[int], repeats: int, ddp: bool) -> None:
@@ -69,11 +69,11 @@ def worker(sizes: list[int], repeats: int, ddp: bool) -> None:
     hetrain.shutdown()
 
 
-def cluster_file(n: int, k: int, rate: str, tmp: Path) -> Path:
+def cluster_file(n: int, k: int, rate: str, tmp: Path, mtu: int = MTU) -> Path:
     machines = [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}, "bandwidth": rate} for i in range(n)]
     machines += [{"name": f"c{j}", "role": "cpu", "bandwidth": rate} for j in range(k)]
     path = tmp / f"n{n}k{k}.yaml"
-    net = {"emulate": "netns", "mtu": MTU}
+    net = {"emulate": "netns", "mtu": mtu}
     path.write_text(yaml.safe_dump({"name": f"bench-n{n}-k{k}", "network": net, "machines": machines}))
     return path
 
@@ -101,6 +101,7 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--rate", default="400mbit", help="NIC bandwidth of every machine")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--mtu", type=int, default=MTU, help="MTU of the emulated links")
     ap.add_argument("--partition-bytes", type=int, default=65_536,
                     help="BytePS's 4 MB is ~1.3 ms on a 25 Gbit/s link; 64 KB is that on these 400 Mbit/s links")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -132,12 +133,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         # DDP / all-reduce do not use CPU machines: measure them once on the n workers
-        base = run_case(cluster_file(n, 0, args.rate, tmp), "allreduce", sizes, repeats, partition, True)
+        base = run_case(cluster_file(n, 0, args.rate, tmp, args.mtu), "allreduce", sizes, repeats, partition, True)
         from tqdm import tqdm
 
         jobs = [(k, mode) for k in ks for mode in modes_for(k)]
         for k, mode in tqdm(jobs, desc="cases", file=sys.stderr):
-            res = run_case(cluster_file(n, k, args.rate, tmp), mode, sizes, repeats, partition, False)
+            res = run_case(cluster_file(n, k, args.rate, tmp, args.mtu), mode, sizes, repeats, partition, False)
             for nbytes in sizes:
                 cases.append({"n": n, "k": k, "mode": mode, "bytes": nbytes,
                               "measured_s": res[str(nbytes)]["push_pull"], "all_s": res[str(nbytes)]["all"],
@@ -153,7 +154,7 @@ def main() -> int:
                           "theory_s": ring_allreduce_time(nbytes, n, bw)})
     head = (f"{'k':>2} {'mode':<13}{'MB':>6}{'measured s':>12}{'theory s':>10}{'t_opt s':>9}{'meas/t_opt':>11}"
             f"{'DDP s':>8}{'DDP/meas':>9}{'ideal':>7}")
-    print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf, MTU {MTU}); "
+    print(f"\npush_pull on n={n} worker machines + k CPU machines, {args.rate} NICs (netns + tc tbf, MTU {args.mtu}); "
           f"partitions of {partition} B; medians of {repeats}")
     print(head + "\n" + "-" * len(head))
     for c in sorted(cases, key=lambda c: (c["k"], c["mode"], c["bytes"])):
@@ -163,7 +164,7 @@ def main() -> int:
               f"{c['ddp_s'] / c['measured_s']:>9.2f}{ideal:>7.2f}")
     print(f"(ideal = theoretical BytePS speed-up over all-reduce, 1 + k(n-2)/n²; wall {time.time() - t_start:.0f}s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rate": args.rate, "mtu": MTU, "partition_bytes": partition,
+        Path(args.json).write_text(json.dumps({"rate": args.rate, "mtu": args.mtu, "partition_bytes": partition,
                                                "repeats": repeats, "cases": cases}, indent=2))
         print(f"wrote {args.json}")
     return 0
