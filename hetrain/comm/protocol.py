@@ -1,8 +1,10 @@
-"""The per-step header every rank (workers and servers) all-reduces before data moves.
+"""How a step starts: the workers' announcement to the servers, and the full header.
 
-One int64 SUM all-reduce of [Σd, Σd², Σweight, Σstop, Σworkers, Σnumel] tells every
-rank, servers included: whether the workers agree on the tensors (n·Σd² = (Σd)²),
-the total batch weight for weighted averaging, and whether the job is ending.
+Every step each worker tells each server, in one direct message, what it pushes (see
+"the fast path" below). When that is not enough (the first step, a new layout,
+disagreeing workers, a partial stop) every rank, servers included, all-reduces one int64
+header [Σd, Σd², Σweight, Σstop, Σworkers, Σnumel], which tells whether the workers
+agree on the tensors (n·Σd² = (Σd)²), the total batch weight, and whether the job ends.
 """
 from __future__ import annotations
 
