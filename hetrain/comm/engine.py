@@ -98,7 +98,7 @@ class PushPull:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
             self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
             return False
-        control = None
+        control, total = None, -1  # total: Σb when known now, else read from the answers in finish
         if not self._server_ranks:  # allreduce: workers scale their own share
             total = self._slow_header(manifest, int(weight))
             if average and total == 0:
@@ -106,13 +106,11 @@ class PushPull:
             scale = (weight / total) if average else 1.0
         else:  # the servers weight each worker's push (they learn b_i from its control message)
             scale = 1.0
-            self._total = -1
-            control = self._announce(manifest, int(weight), average)
+            control, total = self._announce(manifest, int(weight), average)
         t1 = time.perf_counter()
         self._step = _Step(scale=scale, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
-                           filled=[0] * len(self._parts), posted=[False] * len(self._parts), overlapped=overlapped,
-                           control=control, manifest=manifest, weight=int(weight), average=average,
-                           total=self._total if self._server_ranks else total)
+                           filled=[0] * len(self._parts), overlapped=overlapped,
+                           control=control, manifest=manifest, weight=int(weight), average=average, total=total)
         return True
 
     def ready(self, index: int, tensor: torch.Tensor) -> None:
@@ -223,27 +221,27 @@ class PushPull:
     def in_flight(self) -> bool:
         return self._step is not None
 
-    def _announce(self, manifest: Manifest, weight: int, average: bool) -> "ControlExchange | None":
+    def _announce(self, manifest: Manifest, weight: int, average: bool) -> tuple["ControlExchange | None", int]:
         """Send this step's control message to every server. With an unchanged layout
-        the servers already hold receives for it, so return at once (the answers are
-        checked in finish); otherwise wait for them and take the header path."""
+        the servers already hold receives for it, so return at once (the answers, with
+        Σb, are read in finish); otherwise wait for them and take the header path, which
+        gives Σb now."""
         digest = manifest.digest()
         try:
             control = ControlExchange(self._server_ranks, digest=digest, numel=manifest.numel, weight=weight,
                                       stop=False, average=average)
             if digest == self._digest and speculating(self._epoch):
-                return control
+                return control, -1
             replies = control.wait()
         except RuntimeError as err:
             raise self.ctx.peer_error("announcing the step to the summation servers", [], err) from None
         status = {r.status for r in replies}
         if status == {OK}:  # unchanged layout, not speculating (after MAX_EPOCHS layouts)
-            return control
+            return control, -1
         if status != {SLOW}:  # pragma: no cover - servers decide alike
             self.ctx.failed = True
             raise RuntimeError(f"summation servers answered a new layout with {replies}")
-        self._total = self._slow_header(manifest, weight)
-        return None
+        return None, self._slow_header(manifest, weight)
 
     def _check_answers(self, st: "_Step") -> None:
         """The servers' verdict on a step announced without waiting; anything but OK
@@ -397,7 +395,6 @@ class PushPull:
         r = dist.irecv(rbuf, src=dst, tag=tag, group=g)
         st.inflight.setdefault(p.server, deque()).append((pid, dst, s, r))
         st.used += self._sizes[pid]
-        st.posted[pid] = True
 
     def _flush(self, st: "_Step", block: bool) -> None:
         """Post pending partitions in priority order while the credit window allows;
@@ -474,7 +471,6 @@ class _Step:
     t_begin: float
     done: list[bool]
     filled: list[int]
-    posted: list[bool]
     overlapped: bool = False
     control: object = None  # this step's ControlExchange, answers not yet read
     manifest: object = None
@@ -500,11 +496,11 @@ WINDOW_BYTES = 256 * 1024
 
 def window_partitions(partition_bytes: int) -> int:
     """Partitions in flight per server by default: at least 2 (one summing, one
-    arriving) and about 256 KiB. Measured on the 400 Mbit benchmark cluster (n=4,
-    8 MB, 64 KB partitions, k=2 / k=4, medians of 7): 128 KiB 1.12 / 1.27 of t_opt and
-    unstable, 192 KiB 1.09 / 1.24, 256 KiB 1.07 / 1.10, 512 KiB 1.13 / 1.15, 1 MiB
-    1.26 / 1.25. More in flight lets the workers' flows into one server drift apart, and a
-    server can sum a partition only when the slowest worker's copy is in."""
+    arriving) and about 256 KiB, chosen by sweeping 128 KiB-1 MiB over bench/comm.py's
+    8 MB cases (exploratory runs, not recorded; the chosen value's results are in
+    bench/results/comm-*.txt). Less was unstable; more lets the workers' flows into one
+    server drift apart, and a server can sum a partition only when the slowest worker's
+    copy is in."""
     return max(2, -(-WINDOW_BYTES // max(1, partition_bytes)))
 
 

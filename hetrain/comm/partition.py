@@ -3,7 +3,8 @@ summation server so that bytes per server follow the target shares exactly.
 
 Every server gets partitions of about `partition_bytes` (a server with a bigger share
 gets more partitions, not bigger ones: a partition a third the size costs the same
-per-message work, and the benchmark's k=1 and k=2 clusters ran 3-6% faster with equal sizes).
+per-message work; in exploratory runs of bench/comm.py's k=1 and k=2 cases equal sizes
+were 3-6% faster).
 Server j's sizes add up to exactly its target T_j. The partitions of all servers are
 interleaved by how far each is through its own target, so the flat buffer, walked in
 priority order (tensors nearest the input first), feeds every server at the rate of
