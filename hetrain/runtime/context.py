@@ -1,6 +1,7 @@
 """Per-process job context: who am I, the process groups, and how to report a lost peer."""
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .auth import admit, load_secret
 from .env import CommConfig, ProcEnv
+from .heartbeat import Heartbeat, mark_leaving, stale_ranks
+from .rounds import dead_key
 from .netif import iface_for_address
 from .topology import Topology, build_topology
 
@@ -31,6 +34,7 @@ class Context:
     lanes: list = None  # extra process groups = extra parallel connections to servers
     bucket: object = None  # emulated uplink (cluster/ratelimit.py), when asked for
     machine_name: str = ""
+    heartbeat: Heartbeat | None = None
 
     def pace(self, peer: int, nbytes: int) -> None:
         """Charge a send to another machine against this machine's emulated uplink."""
@@ -68,25 +72,26 @@ class Context:
     def describe(self, rank: int) -> str:
         return self.topology.describe(rank) if self.topology else f"rank {rank}"
 
-    def lost_peers(self, wait_s: float = 3.0) -> list[int]:
-        """Ranks the launcher has reported dead (it writes hetrain/dead/<rank>).
+    def lost_peers(self, wait_s: float = 3.0) -> dict[int, str]:
+        """Ranks the launcher has reported lost (it writes hetrain/dead/<rank> =
+        "died: how" or "hung: why"), with that record.
 
         A survivor often sees the broken connection before the launcher has reaped
         the dead process, so give the launcher a moment to record it.
         """
         if self.store is None:
-            return []
-        keys = [f"hetrain/dead/{r}" for r in range(self.world_size)]
+            return {}
+        keys = {r: dead_key(r) for r in range(self.world_size) if r != self.rank}
         deadline = time.monotonic() + wait_s
         try:
             self.store.set_timeout(timedelta(seconds=2))
             while True:
-                dead = [r for r, k in enumerate(keys) if self.store.check([k])]
+                dead = {r: self.store.get(k).decode(errors="replace") for r, k in keys.items() if self.store.check([k])}
                 if dead or time.monotonic() > deadline:
                     return dead
                 time.sleep(0.1)
         except Exception:  # the store itself is gone: the launcher's node died
-            return []
+            return {}
 
     def silent_peers(self, wait_s: float = 4.0) -> list[int]:
         """After a collective timed out with no rank reported dead: every survivor posts
@@ -106,16 +111,39 @@ class Context:
             return []
 
     def peer_error(self, what: str, suspects: list[int], err: BaseException) -> PeerLostError:
-        """Turn a gloo failure into a message that names the lost rank(s)."""
+        """Turn a gloo failure into a message that names the lost rank(s).
+
+        Evidence, strongest first: the launcher's record of a rank that died or hung;
+        a rank whose heartbeat stands still while the others beat (it hangs; the rest
+        wait); the peer this rank was waiting on; ranks that never said they are stuck.
+        """
         self.failed = True
         dead = self.lost_peers()
-        names = dead or suspects or self.silent_peers()
+        if dead:
+            names = sorted(dead)
+            detail = "; ".join(_explain(dead[r]) for r in names)
+        else:
+            others = [r for r in range(self.world_size) if r != self.rank]
+            stale = stale_ranks(self.store, others) if self.store is not None else []
+            if stale:
+                names, detail = stale, "the peer stopped answering: its heartbeat stood still while the others beat (hung)"
+            else:
+                names = suspects or self.silent_peers()
+                detail = "the peer stopped answering or died"
         who = ", ".join(self.describe(r) for r in names) or "an unknown peer"
-        verb = "died" if dead else "stopped answering or died"
+        first = str(err).splitlines()[0] if str(err) else ""
         return PeerLostError(
-            f"{self.describe(self.rank)}: lost {who} while {what}: the peer {verb}. "
-            f"The job cannot continue; restart it (from the last checkpoint). [{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+            f"{self.describe(self.rank)}: lost {who} while {what}: {detail}. "
+            f"This round of the job cannot continue; the launcher restarts it from the last commit when "
+            f"--max-restarts allows. [{type(err).__name__}: {first}]"
         )
+
+
+def _explain(record: str) -> str:
+    kind, _, why = record.partition(": ")
+    if kind == "hung":
+        return f"the peer stopped answering ({why})"
+    return f"the peer died ({why or record})"
 
 
 _CTX: Context | None = None
@@ -146,7 +174,11 @@ def init() -> Context:
                         "fix `address` in the cluster file or run this node on that machine")
     os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
     timeout = env.comm.timeout_s
-    store = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=max(timeout, 30)))
+    client = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=max(timeout, 30)))
+    store = dist.PrefixStore(env.store_prefix, client)  # this round's keys only
+    # beat from here on: a process that hangs even in the rendezvous below is named
+    heartbeat = Heartbeat(env.master_addr, env.master_port, env.store_prefix, env.rank).start()
+    atexit.register(mark_leaving, store, env.rank)  # finalising is silent: tell the launcher it is expected
     admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timedelta(seconds=timeout))
@@ -160,7 +192,8 @@ def init() -> Context:
     from ..cluster.ratelimit import bucket_for
 
     _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
-                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name)
+                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
+                   heartbeat=heartbeat)
     return _CTX
 
 
@@ -184,4 +217,6 @@ def teardown(ctx: "Context | None") -> None:
 def shutdown() -> None:
     global _CTX
     ctx, _CTX = _CTX, None
+    # the heartbeat goes on until the process exits: a process still running must never
+    # look hung to the launcher, which sees the exit itself
     teardown(ctx)

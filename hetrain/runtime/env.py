@@ -75,6 +75,11 @@ class ProcEnv:
     cluster_json: str
     comm: CommConfig = field(default_factory=CommConfig)
     run_dir: str = "runs/latest"
+    restart: int = 0  # which round of the job this is (0 = first start; +1 per restart or resize)
+
+    @property
+    def store_prefix(self) -> str:
+        return round_prefix(self.restart)
 
     def to_environ(self, secret: str) -> dict[str, str]:
         env = {
@@ -84,7 +89,7 @@ class ProcEnv:
             f"{PREFIX}MASTER_ADDR": self.master_addr, f"{PREFIX}MASTER_PORT": str(self.master_port),
             f"{PREFIX}JOB_ID": self.job_id, f"{PREFIX}CLUSTER": self.cluster_json,
             f"{PREFIX}COMM": json.dumps(asdict(self.comm)), f"{PREFIX}RUN_DIR": self.run_dir,
-            f"{PREFIX}SECRET": secret,
+            f"{PREFIX}SECRET": secret, f"{PREFIX}RESTART": str(self.restart),
         }
         return env
 
@@ -99,4 +104,11 @@ class ProcEnv:
             job_id=e[f"{PREFIX}JOB_ID"], cluster_json=e[f"{PREFIX}CLUSTER"],
             comm=CommConfig(**json.loads(e.get(f"{PREFIX}COMM", "{}"))),
             run_dir=e.get(f"{PREFIX}RUN_DIR", "runs/latest"),
+            restart=int(e.get(f"{PREFIX}RESTART", "0")),
         )
+
+
+def round_prefix(restart: int) -> str:
+    """Store keys of one round of a job live under this prefix, so a restarted round's
+    rendezvous, admission, heartbeats and lost-peer records never meet the last one's."""
+    return f"round{restart}"
