@@ -148,6 +148,17 @@ class ClusterSpec(_Strict):
                 return m
         raise KeyError(f"no machine named {name!r} in cluster {self.name!r}")
 
+    def subset(self, names) -> "ClusterSpec":
+        """The cluster restricted to the named machines (cluster-file order kept), as an
+        elastic job runs after machines were left out. Node ranks are renumbered
+        without gaps; a launcher picks its machines by name, not by this number."""
+        keep = [m for m in self.machines if m.name in set(names)]
+        nodes = sorted({m.node for m in keep})
+        renum = {n: i for i, n in enumerate(nodes)}
+        machines = tuple(m.model_copy(update={"node": renum[m.node]}) for m in keep)
+        return ClusterSpec.model_validate({"name": self.name, "machines": [m.model_dump() for m in machines],
+                                           "network": self.network.model_dump()})
+
     def with_emulation(self, emulate: Emulation) -> "ClusterSpec":
         return self.model_copy(update={"network": self.network.model_copy(update={"emulate": emulate})})
 

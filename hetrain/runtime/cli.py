@@ -29,12 +29,21 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart the job from its last commit after up to N failures (a process that died or "
+                        "stopped answering); 0 (default) ends the job at the first failure")
+    p.add_argument("--min-workers", type=int, default=1,
+                   help="give up when fewer worker machines than this are left (machines that fail twice in a "
+                        "row are left out until healthy again)")
+    p.add_argument("--rejoin-after", type=float, default=60.0, metavar="SECONDS",
+                   help="cool-down before a left-out machine is tried again (doubles each time it is left out)")
     p.add_argument("--quiet", action="store_true", help="do not stream the processes' output")
 
 
 def _launch_config(args, argv: list[str]):
     from .launcher import LaunchConfig
     from .auth import load_secret
+    from .supervisor import ElasticConfig
 
     cluster = load_cluster(args.cluster)
     if args.emulate:
@@ -48,7 +57,9 @@ def _launch_config(args, argv: list[str]):
         secret = load_secret(path=args.secret_file)
     return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=getattr(args, "node_rank", None),
                         master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", 0) or 0,
-                        secret=secret, run_dir=args.run_dir, quiet=args.quiet)
+                        secret=secret, run_dir=args.run_dir, quiet=args.quiet,
+                        elastic=ElasticConfig(max_restarts=args.max_restarts, min_workers=args.min_workers,
+                                              rejoin_after_s=args.rejoin_after))
 
 
 def _cmd_launch(args) -> int:

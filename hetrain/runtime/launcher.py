@@ -3,10 +3,18 @@
 Locally it runs the whole cluster on this host (an *embedded* cluster). Across
 machines, the same command runs on each node with `--node-rank` and the master's
 address, torchrun-style: node 0 hosts the torch.distributed TCPStore (bound to the
-cluster address only) and every process rendezvouses through it. The launcher
-streams each process's output with a rank prefix; when a process fails it records
-the dead rank in the store (so the others can name it), gives the rest `timeout_s`
-to stop on their own, then stops them, and returns non-zero with the failing
+cluster address only) and every process rendezvouses through it; node 0's launcher
+decides each round of the job and the others follow (`rounds.py`). The launcher
+streams each process's output with a rank prefix.
+
+It watches every process of a round: exits (its own children), heartbeats in the
+store (every rank, `heartbeat.py`) and the kernel's process state (its children).
+The root cause of a failure is the first process that died without having lost a
+peer, or one that stopped answering (no heartbeat for the peer timeout, or stopped
+by a signal); the launcher records it in the store so every survivor names it,
+stops a hung one, and gives the rest a grace period to stop. With `--max-restarts N`
+it then starts a new round from the last commit (`hetrain.train.elastic`) on the
+machines still in (`supervisor.py`); otherwise it returns non-zero with the failing
 rank's error.
 """
 from __future__ import annotations
@@ -28,10 +36,18 @@ from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from . import STOP_REQUESTED
 from .auth import new_secret
-from .env import CommConfig, ProcEnv
-from .topology import Proc, build_topology
+from .env import CommConfig, ProcEnv, round_prefix
+from .heartbeat import Heartbeat, Liveness
+from .rounds import (COMMITS, JOB, JOINS, NODE_HB, RESIZE, TEARDOWN, JoinRequest, dead_key, join_key, latest_round,
+                     post_exit, publish_round, read_exit, round_machines)
+from .supervisor import ElasticConfig, Membership
+from .topology import Proc, Topology, build_topology
 
 EXIT_STOPPED = 3  # a process stopped at a checkpoint because it was asked to (SIGUSR1)
+EXIT_RESIZE = 4  # workers stopped at a commit so that the launcher can change the job's machines
+# a survivor failed because it lost a peer, and no root cause is known yet: look this
+# long for the process that died or hangs before blaming the survivor itself
+CONSEQUENCE_WAIT_S = 5.0
 
 
 @dataclass
@@ -46,6 +62,7 @@ class LaunchConfig:
     run_dir: str | None = None
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -99,6 +116,11 @@ class Launcher:
         self.netns = None
         self._print_lock = threading.Lock()
         self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
+        self.multinode = cfg.cluster.nnodes > 1
+        node = cfg.node_rank
+        self.my_machines = {m.name for m in cfg.cluster.machines if node is None or m.node == node}
+        self.store = None
+        self._job_over = False
 
     # ---- public -------------------------------------------------------------------------
     def run(self) -> int:
@@ -130,6 +152,7 @@ class Launcher:
             return self._run(cluster)
         finally:
             self._stop_all(grace=3.0)
+            self._end_job(130)  # followers stop too if the leader is interrupted
             if self.netns is not None:
                 self.netns.down()
             if self.ratelimit_dir:
@@ -154,61 +177,408 @@ class Launcher:
 
     def _run(self, cluster: ClusterSpec) -> int:
         cfg = self.cfg
-        topo = build_topology(cluster, cfg.comm.mode)
-        local = [p for p in topo.procs if cfg.node_rank is None or p.machine.node == cfg.node_rank]
         hosting = cfg.node_rank in (None, 0)
-        master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
+        self.master_addr = cfg.master_addr or (self.netns.host_address if self.netns else cluster.workers[0].address)
         secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if cfg.node_rank is None else None)
         if secret is None:
             raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
+        self.secret = secret
         import torch.distributed as dist  # deferred: `hetrain --help` stays fast
 
         timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
         if hosting:
-            sock = _listen(master_addr, cfg.master_port)
-            port = sock.getsockname()[1]
-            store = dist.TCPStore(master_addr, port, None, True, timeout=timeout, wait_for_workers=False,
+            sock = _listen(self.master_addr, cfg.master_port)
+            self.port = sock.getsockname()[1]
+            store = dist.TCPStore(self.master_addr, self.port, None, True, timeout=timeout, wait_for_workers=False,
                                   master_listen_fd=sock.fileno())
             store.set("hetrain/nonce", uuid.uuid4().hex)
         else:
-            port = cfg.master_port
-            store = dist.TCPStore(master_addr, port, None, False, timeout=timeout)
+            self.port = cfg.master_port
+            store = dist.TCPStore(self.master_addr, self.port, None, False, timeout=timeout)
         self.store = store
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._log(f"hetrain: job {self.job_id}, mode {cfg.comm.mode}, {len(topo.workers)} workers + "
-                  f"{len(topo.servers)} summation servers; this node starts {len(local)} processes; "
-                  f"logs in {self.run_dir}")
-        for p in local:
-            env = dict(os.environ)
-            env.update(cfg.extra_env)
-            env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
-                               cluster.model_dump_json(), cfg.comm, str(self.run_dir)).to_environ(secret))
-            env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
-            if self.ratelimit_dir:
-                env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
-            env["PYTHONUNBUFFERED"] = "1"
-            if p.role == "worker":
-                argv = [sys.executable, "-u", *cfg.argv]
-            else:
-                argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
-            if self.netns is not None:
-                argv = self.netns.wrap(p.machine.name, argv)
-            # children start with SIGUSR1 blocked: an early stop request stays pending until
-            # the script installs its handler (hetrain.train.elastic.on_stop_request)
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-            try:
-                popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            child = Child(p, popen)
-            child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
-            child.reader.start()
-            self.children.append(child)
+        self.cluster = cluster
+        return self._lead() if hosting else self._follow()
+
+    def _spawn(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int) -> Child:
+        cfg = self.cfg
+        env = dict(os.environ)
+        env.update(cfg.extra_env)
+        env.update(ProcEnv(p.rank, topo.world_size, self.master_addr, self.port, self.job_id,
+                           sub.model_dump_json(), cfg.comm, str(self.run_dir), restart=r).to_environ(self.secret))
+        env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+        if self.ratelimit_dir:
+            env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
+        env["PYTHONUNBUFFERED"] = "1"
+        if p.role == "worker":
+            argv = [sys.executable, "-u", *cfg.argv]
+        else:
+            argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
+        if self.netns is not None:
+            argv = self.netns.wrap(p.machine.name, argv)
+        # children start with SIGUSR1 blocked: an early stop request stays pending until
+        # the script installs its handler (hetrain.train.elastic.on_stop_request)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        child = Child(p, popen)
+        child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
+        child.reader.start()
+        return child
+
+    def _start_round(self, r: int, sub: ClusterSpec, topo: Topology):
+        """This node's processes of round r; returns the round's store."""
+        import torch.distributed as dist
+
+        rstore = dist.PrefixStore(round_prefix(r), self.store)
+        self.children = [self._spawn(p, topo, sub, r) for p in topo.procs if p.machine.name in self.my_machines]
         if STOP_REQUESTED.is_set():  # asked before the processes existed
             self._forward()
-        return self._monitor(topo)
+        return rstore
 
+    # ---- node 0: decide the rounds ------------------------------------------------------
+    def _lead(self) -> int:
+        cfg, el = self.cfg, self.cfg.elastic
+        self.membership = Membership(self.cluster, el, probe=self._probe)
+        self._joins_seen, self._join_missing_since = 0, None
+        self.node_instance: dict[int, str] = {}
+        self.node_live = None
+        if self.multinode:
+            self._await_nodes()
+        restarts, r = 0, 0
+        while True:
+            back = self.membership.ready_to_return() if r > 0 else []
+            if back:
+                self.membership.readmit(back)
+                self._log(f"hetrain: machine(s) {', '.join(back)} healthy again: back in the job")
+            try:
+                sub = self.membership.next_cluster()
+                topo = build_topology(sub, cfg.comm.mode)
+            except UserError as err:
+                self._log(f"hetrain: job failed: no usable cluster without the machines left out "
+                          f"({', '.join(self.membership.left_out())}): {err}")
+                return self._end_job(1)
+            if len(topo.workers) < el.min_workers:
+                self._log(f"hetrain: job failed: {len(topo.workers)} worker machine(s) left "
+                          f"({', '.join(p.machine.name for p in topo.workers)}), fewer than --min-workers "
+                          f"{el.min_workers}; left out: {', '.join(self.membership.left_out())}")
+                return self._end_job(1)
+            names = [m.name for m in sub.machines]
+            if self.multinode:
+                publish_round(self.store, r, names)
+            rstore = self._start_round(r, sub, topo)
+            rstore.set("hetrain/nonce", uuid.uuid4().hex)
+            what = (f"mode {cfg.comm.mode}, {len(topo.workers)} workers + {len(topo.servers)} summation servers "
+                    f"on {', '.join(names)}")
+            if r == 0:
+                self._log(f"hetrain: job {self.job_id}, {what}; this node starts {len(self.children)} processes; "
+                          f"logs in {self.run_dir}")
+            else:
+                self._log(f"hetrain: round {r}: {what}")
+            last_chance = restarts >= el.max_restarts
+            res = self._monitor(r, rstore, topo, names, last_chance)
+            culprit = res.culprit.machine.name if res.culprit else None
+            if res.commits:
+                self.membership.progressed(names, culprit)
+            if res.kind == "done":
+                self._log(f"hetrain: all {len(topo.procs)} processes finished")
+                return self._end_job(0)
+            if res.kind == "stopped":
+                self._log("hetrain: job stopped at a checkpoint on request; relaunch to resume")
+                return self._end_job(EXIT_STOPPED)
+            if res.kind == "resize":
+                back = self.membership.ready_to_return()
+                self.membership.readmit(back)
+                self._log(f"hetrain: workers stopped at a commit for {', '.join(res.joining) or 'a membership change'}"
+                          " to join; starting the next round")
+                r += 1
+                continue
+            note = self.membership.blame(culprit, res.record) if culprit else None
+            if last_chance or STOP_REQUESTED.is_set():
+                tail = "\n".join(f"    {line}" for line in res.tail[-15:])
+                why = "" if not el.elastic else (" (stop requested)" if STOP_REQUESTED.is_set()
+                                                 else f" after {restarts} restart(s) (--max-restarts {el.max_restarts})")
+                self._log(f"hetrain: job failed{why}: {res.culprit_text}." + (f" Its last output:\n{tail}" if tail else ""))
+                return self._end_job(1)
+            restarts += 1
+            r += 1
+            self._log(f"hetrain: restart {restarts} of {el.max_restarts}: starting round {r} from the last commit"
+                      + (f"; {note}" if note else ""))
+
+    def _await_nodes(self) -> None:
+        """Round 0 starts when every node's launcher joined, or after the rendezvous
+        timeout without the missing ones (they join later, at a commit)."""
+        wait_s = max(60.0, self.cfg.comm.timeout_s)
+        end = time.monotonic() + wait_s
+        want = set(range(1, self.cluster.nnodes))
+        while set(self.node_instance) < want and time.monotonic() < end:
+            self._scan_joins()
+            time.sleep(0.2)
+        for node in sorted(want - set(self.node_instance)):
+            self.membership.node_lost(node)
+            self._log(f"hetrain: node {node}'s launcher did not join within {wait_s:.0f} s; starting without its "
+                      "machines (they join when it connects)")
+
+    def _scan_joins(self) -> None:
+        """Admit node launchers that prove the job secret; report any that do not."""
+        from .auth import check_join
+
+        n = int(self.store.add(JOINS, 0))
+        nonce = self.store.get("hetrain/nonce").decode()
+        while self._joins_seen < n:
+            k = join_key(self._joins_seen)
+            if not self.store.check([k]):  # counted but not written yet: look again soon
+                self._join_missing_since = self._join_missing_since or time.monotonic()
+                if time.monotonic() - self._join_missing_since < 5:
+                    return
+                self._joins_seen += 1
+                continue
+            self._joins_seen += 1
+            self._join_missing_since = None
+            req = JoinRequest.loads(self.store.get(k))
+            if req is None or not 1 <= req.node < self.cluster.nnodes:
+                self._log(f"hetrain: refused a malformed request to join the job (entry {self._joins_seen - 1}, "
+                          f"node {getattr(req, 'node', '?')}): this job has nodes 0..{self.cluster.nnodes - 1}")
+                continue
+            if not check_join(self.secret, nonce, req.node, req.instance, req.proof):
+                self._log(f"hetrain: refused a launcher that asked to join as node {req.node}: it does not hold this "
+                          f"job's secret (HETRAIN_SECRET / --secret-file); its machines stay out")
+                continue
+            again = req.node in self.node_instance
+            self.node_instance[req.node] = req.instance
+            if self.node_live is None:
+                self.node_live = Liveness(self.store, [], keyfmt=NODE_HB)
+            self.node_live.track(req.node)
+            self.membership.node_back(req.node)
+            self._log(f"hetrain: node {req.node}'s launcher {'reconnected' if again else 'joined'}")
+
+    def _watch_nodes(self) -> list[int]:
+        """Nodes whose launcher stopped beating for the peer timeout: their machines
+        are out until it reconnects."""
+        if self.node_live is None:
+            return []
+        self.node_live.poll()
+        lost = self.node_live.hung(self.cfg.comm.timeout_s)
+        for node in lost:
+            self.node_live.forget(node)
+            self.node_instance.pop(node, None)
+            self.membership.node_lost(node)
+            self._log(f"hetrain: node {node}'s launcher stopped answering for {self.cfg.comm.timeout_s:.0f} s; "
+                      "its machines are out until it reconnects")
+        return lost
+
+    def _probe(self, name: str) -> bool:
+        """Independent evidence that a left-out machine of this host works again."""
+        if self.netns is not None:
+            return self.netns.link_up(name)
+        return True
+
+    def _pending(self, names: list[str]) -> list[str]:
+        """Machines that should join the running round at its next commit."""
+        want = set(self.membership.included()) | set(self.membership.ready_to_return())
+        return sorted(want - set(names))
+
+    def _monitor(self, r: int, rstore, topo: Topology, names: list[str], last_chance: bool) -> "RoundResult":
+        hang_s = self.cfg.comm.timeout_s
+        suspect_s = min(hang_s, max(3.0, hang_s / 3))
+        local = {c.proc.rank: c for c in self.children}
+        remote = [p.rank for p in topo.procs if p.rank not in local]
+        live = Liveness(rstore, [p.rank for p in topo.procs])
+        for c in self.children:
+            live.watch_pid(c.proc.rank, c.popen.pid)
+        exits: dict[int, tuple[int, bool]] = {}
+        root: tuple[int, str] | None = None
+        consequence_since = None
+        deadline = None
+        joining: list[str] = []
+        next_poll = 0.0
+        while True:
+            now = time.monotonic()
+            for rank, c in local.items():
+                if rank not in exits and c.popen.poll() is not None:
+                    if c.reader:
+                        c.reader.join(timeout=2)  # its last lines decide whether it only lost a peer
+                    exits[rank] = (c.popen.returncode, _is_consequence(c))
+                    live.forget(rank)
+            if now >= next_poll:
+                next_poll = now + 0.5
+                live.poll()
+                for rank in remote:
+                    if rank not in exits:
+                        e = read_exit(rstore, rank)
+                        if e is not None:
+                            exits[rank] = e
+                            live.forget(rank)
+                self._scan_joins()
+                for node in self._watch_nodes():
+                    for p in topo.procs:
+                        if p.machine.node == node and p.rank not in exits:
+                            exits[p.rank] = (-signal.SIGKILL, False)
+                            live.forget(p.rank)
+                if root is None and not joining and self.cfg.elastic.elastic:
+                    joining = self._pending(names)
+                    if joining:
+                        rstore.set(RESIZE, ",".join(joining))
+                        self._log(f"hetrain: {', '.join(joining)} can join; asking the workers to stop at their next "
+                                  "commit")
+            if root is None:
+                failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE)}
+                real = sorted(k for k, (_, cons) in failed.items() if not cons)
+                hung = live.hung(hang_s)
+                if real:
+                    root = (real[0], f"died: {_describe_exit(failed[real[0]][0])}")
+                elif hung:
+                    root = (hung[0], f"hung: {live.reason(hung[0])}")
+                elif failed:
+                    consequence_since = consequence_since or now
+                    suspects = live.hung(suspect_s)
+                    if suspects:
+                        root = (suspects[0], f"hung: {live.reason(suspects[0])}")
+                    elif now - consequence_since > CONSEQUENCE_WAIT_S:
+                        k = min(failed)
+                        root = (k, f"died: {_describe_exit(failed[k][0])}")
+                if root is not None:
+                    rank, record = root
+                    try:
+                        rstore.set(dead_key(rank), record)
+                    except Exception:
+                        pass
+                    kind, _, how = record.partition(": ")
+                    grace = hang_s + 5 if last_chance else min(hang_s, 5.0)
+                    if kind == "hung":
+                        self._log(f"hetrain: {topo.describe(rank)} stopped answering: {how}; stopping it")
+                        if rank in local:
+                            _kill(local[rank], signal.SIGKILL)
+                    else:
+                        self._log(f"hetrain: {topo.describe(rank)} failed ({how}); waiting up to {grace:.0f}s for "
+                                  "the others to stop")
+                    deadline = now + grace
+            if len(exits) == len(topo.procs):
+                break
+            if deadline is not None and now > deadline:
+                if any(c.popen.poll() is None for c in self.children):
+                    self._log("hetrain: some processes did not stop in time; terminating them")
+                self._stop_all(grace=3.0)
+                if remote:
+                    self._teardown_remote(rstore, remote, exits)
+                break
+            time.sleep(0.1)
+        for c in self.children:
+            if c.reader:
+                c.reader.join(timeout=5)
+        failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE, -signal.SIGTERM)}
+        if root is None and failed:
+            k = min(failed, key=lambda k: (failed[k][1], k))
+            root = (k, f"died: {_describe_exit(failed[k][0])}")
+        try:
+            commits = int(rstore.add(COMMITS, 0))
+        except Exception:
+            commits = 0
+        res = RoundResult(names=names, commits=commits, joining=joining)
+        if root is not None:
+            rank, record = root
+            kind, _, how = record.partition(": ")
+            res.kind, res.culprit, res.record = "failed", topo.proc(rank), record
+            res.culprit_text = f"{topo.describe(rank)} ({'stopped answering: ' if kind == 'hung' else ''}{how})"
+            res.tail = list(local[rank].tail) if rank in local else []
+        else:
+            codes = {e[0] for e in exits.values()}
+            res.kind = "resize" if EXIT_RESIZE in codes else "stopped" if EXIT_STOPPED in codes else "done"
+        return res
+
+    def _teardown_remote(self, rstore, remote: list[int], exits: dict) -> None:
+        """Ask the other nodes' launchers to stop this round's processes; wait a little."""
+        try:
+            rstore.set(TEARDOWN, "1")
+        except Exception:
+            return
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(k not in exits for k in remote):
+            for k in remote:
+                if k not in exits:
+                    e = read_exit(rstore, k)
+                    if e is not None:
+                        exits[k] = e
+            time.sleep(0.2)
+
+    def _end_job(self, rc: int) -> int:
+        """Tell the other nodes' launchers the job is over (once)."""
+        if not self._job_over and self.store is not None and self.multinode and self.cfg.node_rank in (None, 0):
+            self._job_over = True
+            try:
+                self.store.set(JOB, str(rc))
+            except Exception:
+                pass
+        self._job_over = True
+        return rc
+
+    # ---- other nodes: follow the leader's rounds ---------------------------------------
+    def _follow(self) -> int:
+        from .auth import join_tag
+
+        cfg, store = self.cfg, self.store
+        node = cfg.node_rank
+        instance = uuid.uuid4().hex[:12]
+        nonce = store.get("hetrain/nonce").decode()
+        i = int(store.add(JOINS, 1)) - 1
+        store.set(join_key(i), JoinRequest(node, instance, join_tag(self.secret, nonce, node, instance)).dumps())
+        beat = Heartbeat(self.master_addr, self.port, "", node, keyfmt=NODE_HB).start()
+        self._log(f"hetrain: node {node} joined job at {self.master_addr}:{self.port}; waiting for rounds")
+        store.set_timeout(timedelta(seconds=10))
+        current, rstore, posted = -1, None, set()
+        lost_since = None
+        try:
+            while True:
+                try:
+                    if store.check([JOB]):
+                        rc = int(store.get(JOB).decode())
+                        self._stop_all(grace=3.0)
+                        self._log(f"hetrain: the job ended (exit code {rc})")
+                        return rc
+                    latest = latest_round(store)
+                    if latest > current:
+                        if self.children:
+                            self._stop_all(grace=3.0)
+                            self._post_exits(rstore, posted)
+                        current = latest
+                        sub = self.cluster.subset(round_machines(store, current))
+                        topo = build_topology(sub, cfg.comm.mode)
+                        posted = set()
+                        rstore = self._start_round(current, sub, topo)
+                        self._log(f"hetrain: round {current}: this node starts {len(self.children)} processes")
+                    if rstore is not None:
+                        self._post_exits(rstore, posted)
+                        for c in self.children:
+                            if c.popen.poll() is None and rstore.check([dead_key(c.proc.rank)]):
+                                if rstore.get(dead_key(c.proc.rank)).decode().startswith("hung"):
+                                    _kill(c, signal.SIGKILL)
+                        if any(c.popen.poll() is None for c in self.children) and rstore.check([TEARDOWN]):
+                            self._stop_all(grace=3.0)
+                            self._post_exits(rstore, posted)
+                    lost_since = None
+                except (RuntimeError, OSError) as err:  # the store (node 0) is unreachable
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since > max(cfg.comm.timeout_s, 30):
+                        self._log(f"hetrain: lost the job's master at {self.master_addr}:{self.port} ({err}); "
+                                  "stopping this node's processes")
+                        self._stop_all(grace=3.0)
+                        return 1
+                time.sleep(0.3)
+        finally:
+            beat.stop()
+
+    def _post_exits(self, rstore, posted: set) -> None:
+        for c in self.children:
+            if c.proc.rank not in posted and c.popen.poll() is not None:
+                if c.reader:
+                    c.reader.join(timeout=2)
+                post_exit(rstore, c.proc.rank, c.popen.returncode, _is_consequence(c))
+                posted.add(c.proc.rank)
+
+    # ---- output and teardown ------------------------------------------------------------
     def _pump(self, child: Child) -> None:
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
         for raw in child.popen.stdout:
@@ -224,64 +594,36 @@ class Launcher:
         with self._print_lock:
             print(text, flush=True)
 
-    def _monitor(self, topo) -> int:
-        first: Child | None = None
-        deadline = None
-        while True:
-            running = [c for c in self.children if c.popen.poll() is None]
-            failed = [c for c in self.children if c.popen.returncode not in (None, 0, EXIT_STOPPED)]
-            # several may be seen failing in one poll: blame the root cause, not the
-            # processes that failed because they lost it
-            failed.sort(key=lambda c: (_is_consequence(c), c.proc.rank))
-            for c in failed[:1]:
-                code = c.popen.returncode
-                if first is None:
-                    first = c
-                    try:
-                        self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))
-                    except Exception:
-                        pass
-                    self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({_describe_exit(code)}); "
-                              f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
-                    deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
-            if not running:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                self._log("hetrain: some processes did not stop in time; terminating them")
-                self._stop_all(grace=5.0)
-                break
-            time.sleep(0.1)
-        for c in self.children:
-            if c.reader:
-                c.reader.join(timeout=5)
-        if first is None:
-            if any(c.popen.returncode == EXIT_STOPPED for c in self.children):
-                self._log("hetrain: job stopped at a checkpoint on request; relaunch to resume")
-                return EXIT_STOPPED
-            self._log(f"hetrain: all {len(self.children)} processes finished")
-            return 0
-        tail = "\n".join(f"    {line}" for line in list(first.tail)[-15:])
-        self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({_describe_exit(first.popen.returncode)}). "
-                  f"Its last output:\n{tail}")
-        return 1
-
     def _stop_all(self, grace: float) -> None:
         alive = [c for c in self.children if c.popen.poll() is None]
         for c in alive:
-            try:
-                os.killpg(c.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _kill(c, signal.SIGTERM)
         end = time.monotonic() + grace
         for c in alive:
             try:
                 c.popen.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(c.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(c, signal.SIGKILL)
                 c.popen.wait()
+
+
+@dataclass
+class RoundResult:
+    kind: str = "done"  # done | stopped | resize | failed
+    culprit: Proc | None = None
+    record: str = ""  # "died: how" | "hung: why"
+    culprit_text: str = ""
+    tail: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    commits: int = 0
+    joining: list[str] = field(default_factory=list)
+
+
+def _kill(child: Child, sig: int) -> None:
+    try:
+        os.killpg(child.popen.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def launch(cfg: LaunchConfig) -> int:
