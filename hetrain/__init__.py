@@ -7,6 +7,9 @@ Communication API (BytePS/Horovod style)::
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters())
     hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
+
+Elastic training (restart from the last commit, Horovod-style): `hetrain.elastic.State`,
+`@hetrain.elastic.run` (the module `hetrain.train.elastic`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ def __getattr__(name: str):
     if name in _API:
         from . import api
         return getattr(api, name)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("hetrain.train.elastic")
     raise AttributeError(f"module 'hetrain' has no attribute {name!r}")
 
 
-__all__ = sorted(_API)
+__all__ = sorted(_API | {"elastic"})

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.train.balance import BalanceConfig, Balancer, estimate_memory_per_sample
-from hetrain.train.checkpoint import save_checkpoint
 from hetrain.train.metrics import StepLogger
 from hetrain.train.sampler import GlobalBatchSampler
 from hetrain.train.summary import format_table, gather_stats, write_summary
@@ -55,6 +54,8 @@ def main(argv=None) -> int:
                          "grows with the batch as on a real accelerator); 0 stretches the real compute instead")
     ap.add_argument("--balance", choices=["measured", "equal"], default="measured",
                     help="batch shares: follow each worker's measured samples/s (default) or equal")
+    ap.add_argument("--commit-every", type=int, default=5,
+                    help="commit the elastic state every N steps (0: never); a restarted job resumes there")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -67,14 +68,17 @@ def main(argv=None) -> int:
 
     xtr, ytr, xte, yte = load_digits_split()
     model = make_model()
-    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                        named_parameters=model.named_parameters())
     sampler = GlobalBatchSampler(len(xtr), args.global_batch, nw, seed=1)
+    # model, optimizer and data position continue from the last commit after a restart
+    # (hetrain launch --max-restarts); rank 0's initial weights otherwise
+    state = hetrain.elastic.State(model=model, optimizer=opt, sampler=sampler)
     # balancing keeps synchronous workers finishing together; async workers run at their own pace
     # memory: activations per sample (measured with forward hooks) and parameters, grads, momentum
     per_sample = estimate_memory_per_sample(model, xtr[:1])
     reserved = 3.0 * sum(p.numel() * p.element_size() for p in model.parameters())
+    # a restarted round starts balancing afresh for its own (possibly fewer) workers
     balancer = (Balancer(ctx, args.global_batch, BalanceConfig(memory_per_sample=per_sample, reserved_bytes=reserved))
                 if args.balance == "measured" and ctx.comm.sync == "sync" else None)
     writer = None
@@ -82,45 +86,56 @@ def main(argv=None) -> int:
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
     steplog = StepLogger(ctx, run_dir, writer)
-    from tqdm import tqdm
+    counts = {"samples": 0, "steps": 0}
 
-    bar = tqdm(range(args.epochs), desc="epochs", file=sys.stdout, disable=rank != 0, ascii=True, mininterval=0)
-    t_start = time.perf_counter()
-    samples = 0
-    step = 0
-    for epoch in bar:
-        for s in range(sampler.steps_per_epoch()):
-            shares = balancer.sizes if balancer is not None else None
-            idx = torch.from_numpy(sampler.indices(epoch, s, rank, shares))
-            opt.zero_grad()
-            opt.set_batch_size(len(idx))  # before backward: --overlap pushes from the gradient hooks
-            t_c = time.perf_counter()
-            if device is not None:
-                device.check_memory(len(idx), per_sample, reserved)
-                with device.compute(len(idx)):
+    @hetrain.elastic.run
+    def train(state) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.epochs, initial=sampler.epoch, desc="epochs", file=sys.stdout, disable=rank != 0,
+                   ascii=True, mininterval=0)
+        for epoch in sampler.epochs(args.epochs):
+            for s in sampler.steps():
+                if args.commit_every and s % args.commit_every == 0:
+                    state.commit()  # at the top of the step: the committed position is this step
+                step = sampler.global_step
+                shares = balancer.sizes if balancer is not None else None
+                idx = torch.from_numpy(sampler.indices(epoch, s, rank, shares))
+                opt.zero_grad()
+                opt.set_batch_size(len(idx))  # before backward: --overlap pushes from the gradient hooks
+                t_c = time.perf_counter()
+                if device is not None:
+                    device.check_memory(len(idx), per_sample, reserved)
+                    with device.compute(len(idx)):
+                        loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
+                        if loss is not None:
+                            loss.backward()
+                else:
                     loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
                     if loss is not None:
                         loss.backward()
-            else:
-                loss = F.cross_entropy(model(xtr[idx]), ytr[idx]) if len(idx) else None
-                if loss is not None:
-                    loss.backward()
-            compute_s = time.perf_counter() - t_c
-            opt.step()
-            if balancer is not None:
-                balancer.record(len(idx), compute_s)
-                balancer.update()
-            steplog.log(step, len(idx), compute_s, hetrain.engine().stats)
-            samples += len(idx)
-            step += 1
-            if writer is not None and loss is not None:
-                writer.add_scalar("train/loss", loss.item(), step)
-        acc = accuracy(model, xte, yte)
-        if rank == 0:
-            bar.set_postfix(test_acc=f"{acc:.3f}")
-            writer.add_scalar("test/accuracy", acc, epoch)
-            save_checkpoint(os.path.join(run_dir, "checkpoint.pt"),
-                            {"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()})
+                compute_s = time.perf_counter() - t_c
+                opt.step()
+                if balancer is not None:
+                    balancer.record(len(idx), compute_s)
+                    balancer.update()
+                steplog.log(step, len(idx), compute_s, hetrain.engine().stats)
+                counts["samples"] += len(idx)
+                counts["steps"] += 1
+                if writer is not None and loss is not None:
+                    writer.add_scalar("train/loss", loss.item(), step + 1)
+            acc = accuracy(model, xte, yte)
+            if rank == 0:
+                bar.update(1)
+                bar.set_postfix(test_acc=f"{acc:.3f}")
+                writer.add_scalar("test/accuracy", acc, epoch)
+        bar.close()
+        if args.commit_every:
+            state.commit()  # the finished job: a restart from here trains no more
+
+    t_start = time.perf_counter()
+    train(state)
+    samples, step = counts["samples"], counts["steps"]
     wall = time.perf_counter() - t_start
     st = hetrain.engine().stats
     mine = {"samples": samples, "steps": step, "wall_s": wall, "compute_s": device.compute_s if device else 0.0,
