@@ -95,8 +95,13 @@ def _listen(addr: str, port: int) -> socket.socket:
     return sock
 
 
+# what a process prints when it failed only because it lost a peer: hetrain's own error,
+# and gloo's when its I/O thread aborts the process on a dropped connection
+_LOST_PEER = ("PeerLostError", "Connection closed by peer", "Connection reset by peer", "gloo::IoException")
+
+
 def _is_consequence(child: "Child") -> bool:
-    return any("PeerLostError" in line or "Connection closed by peer" in line for line in child.tail)
+    return any(sign in line for line in child.tail for sign in _LOST_PEER)
 
 
 def _describe_exit(code: int) -> str:
@@ -418,7 +423,10 @@ class Launcher:
                         if p.machine.node == node and p.rank not in exits:
                             exits[p.rank] = (-signal.SIGKILL, False)
                             live.forget(p.rank)
-                if root is None and not joining and self.cfg.elastic.elastic:
+                # a machine may join at a commit, but only once this round has made progress
+                # of its own (two commits: its first is where it resumed), so machines that
+                # come and go cannot keep the job restarting without training
+                if root is None and not joining and self.cfg.elastic.elastic and int(rstore.add(COMMITS, 0)) >= 2:
                     joining = self._pending(names)
                     if joining:
                         rstore.set(RESIZE, ",".join(joining))
@@ -426,7 +434,7 @@ class Launcher:
                                   "commit")
             if root is None:
                 failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE)}
-                real = sorted(k for k, (_, cons) in failed.items() if not cons)
+                real = [k for k, (_, cons) in failed.items() if not cons]  # in the order they were seen
                 hung = live.hung(hang_s)
                 if real:
                     root = (real[0], f"died: {_describe_exit(failed[real[0]][0])}")

@@ -91,7 +91,7 @@ _PLAIN = (bool, int, float, str, type(None))
 def _check_plain(name: str, value) -> None:
     """Values must load back under weights_only=True: plain scalars, tensors, and lists,
     tuples and dicts (with string or int keys) of them."""
-    if isinstance(value, _PLAIN + (torch.Tensor,)):
+    if type(value) in _PLAIN or isinstance(value, torch.Tensor):  # exact types: numpy scalars subclass float
         return
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
