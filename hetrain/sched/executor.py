@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,9 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
             raise UserError(f"job {s.name}: batch {s.batch} must divide by every size up to 4")
         d = workdir / s.name
         d.mkdir(parents=True, exist_ok=True)
-        for f in ("checkpoint.pt", "progress", "stats.jsonl"):
+        for f in ("progress", "stats.jsonl"):
             (d / f).unlink(missing_ok=True)
+        shutil.rmtree(d / "elastic", ignore_errors=True)  # the job's commits (hetrain.elastic.State)
         job = make_job(i, s.name, s.arrival, s.steps, curve_for(s), cluster, max_gpus=s.max_gpus,
                        restart_cost=restart_cost)
         _even_sizes_only(job, s.batch)
