@@ -58,6 +58,10 @@ def main(argv=None) -> int:
                     help="commit the elastic state every N steps (0: never); a restarted job resumes there")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    # slow imports and data loading before joining the job: once it has joined, the
+    # summation servers wait for this worker's first step no longer than the peer timeout
+    xtr, ytr, xte, yte = load_digits_split()
+    from torch.utils.tensorboard import SummaryWriter
 
     ctx = hetrain.init()
     rank, nw = hetrain.rank(), hetrain.size()
@@ -66,7 +70,6 @@ def main(argv=None) -> int:
     device = (EmulatedDevice(machine.device, machine.name, run_dir, cost_per_sample=args.cost_per_sample or None)
               if machine else None)
 
-    xtr, ytr, xte, yte = load_digits_split()
     model = make_model()
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                        named_parameters=model.named_parameters())
@@ -83,7 +86,6 @@ def main(argv=None) -> int:
                 if args.balance == "measured" and ctx.comm.sync == "sync" else None)
     writer = None
     if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
     steplog = StepLogger(ctx, run_dir, writer)
     counts = {"samples": 0, "steps": 0}

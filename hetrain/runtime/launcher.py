@@ -344,13 +344,14 @@ class Launcher:
             self._joins_seen += 1
             self._join_missing_since = None
             req = JoinRequest.loads(self.store.get(k))
-            if req is None or not 1 <= req.node < self.cluster.nnodes:
-                self._log(f"hetrain: refused a malformed request to join the job (entry {self._joins_seen - 1}, "
-                          f"node {getattr(req, 'node', '?')}): this job has nodes 0..{self.cluster.nnodes - 1}")
+            if req is None or not check_join(self.secret, nonce, req.node, req.instance, req.proof):
+                self._log(f"hetrain: refused a process that asked to join the job as node {getattr(req, 'node', '?')}: "
+                          "it does not prove this job's secret (HETRAIN_SECRET / --secret-file); the job goes on "
+                          "without it")
                 continue
-            if not check_join(self.secret, nonce, req.node, req.instance, req.proof):
-                self._log(f"hetrain: refused a launcher that asked to join as node {req.node}: it does not hold this "
-                          f"job's secret (HETRAIN_SECRET / --secret-file); its machines stay out")
+            if not 1 <= req.node < self.cluster.nnodes:
+                self._log(f"hetrain: refused a launcher that asked to join as node {req.node}: this job's nodes are "
+                          f"0..{self.cluster.nnodes - 1} and node 0 leads it")
                 continue
             again = req.node in self.node_instance
             self.node_instance[req.node] = req.instance
