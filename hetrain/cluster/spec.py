@@ -117,18 +117,20 @@ class ClusterSpec(_Strict):
     machines: tuple[MachineSpec, ...]
     network: NetworkSpec = NetworkSpec()
 
-    @model_validator(mode="after")
-    def _check(self) -> "ClusterSpec":
-        names = [m.name for m in self.machines]
+    @field_validator("machines")
+    @classmethod
+    def _check(cls, machines: tuple[MachineSpec, ...]) -> tuple[MachineSpec, ...]:
+        # a field validator, so errors carry the `machines` location
+        names = [m.name for m in machines]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate machine names {dup}; every machine needs its own name")
-        if not self.workers:
+        if not any(m.role == "worker" for m in machines):
             raise ValueError("the cluster has no worker machine; add at least one machine with role: worker")
-        nodes = sorted({m.node for m in self.machines})
+        nodes = sorted({m.node for m in machines})
         if nodes != list(range(len(nodes))):
             raise ValueError(f"node ranks must be 0..N-1 without gaps, got {nodes}")
-        return self
+        return machines
 
     @property
     def workers(self) -> tuple[MachineSpec, ...]:

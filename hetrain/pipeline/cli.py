@@ -59,11 +59,10 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     from ..plan.catalogue import load_catalogue
     from ..plan.profile import ModelProfile
     from .sparse_ps import shards_needed
-    from .spec import RunSpec, StageSpec, lcm_micro_batches
+    from .spec import RunSpec, StageSpec, lcm_micro_batches, parse_plan
     from .workload import CATALOGUE, MODEL_NAME, CTRModelConfig, emulated_profile
 
-    if not plan.get("feasible"):
-        raise UserError(f"the plan is not feasible ({plan.get('reason', '')}); make a feasible plan first")
+    doc = parse_plan(plan)
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
     if profile.model != MODEL_NAME:
@@ -71,25 +70,26 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     names = [l.name for l in profile.layers]
     w = profile.workload(catalogue)
     assign = []
-    for st in plan["stages"]:
-        a, b = st["layers"]
-        if st.get("layer_names") and st["layer_names"] != names[a:b]:
-            raise UserError(f"plan stage layers {st['layer_names']} do not match the model's layers {names[a:b]}: "
+    for st in doc.stages:
+        a, b = st.layers
+        if st.layer_names and st.layer_names != names[a:b]:
+            raise UserError(f"plan stage layers {st.layer_names} do not match the model's layers {names[a:b]}: "
                             "make the plan from this model's profile (python -m hetrain.pipeline.workload)")
-        assign += [catalogue.index(st["type"])] * (b - a)
-    if len(assign) != len(names):
-        raise UserError(f"the plan places {len(assign)} layers, the model has {len(names)}")
-    batch = int(plan.get("batch_size", 1024))
+        assign += [catalogue.index(st.type)] * (b - a)
+    if len(assign) != len(names) or [st.layers[0] for st in doc.stages] != [0] + [st.layers[1] for st in doc.stages[:-1]]:
+        raise UserError(f"the plan places {len(assign)} layers, the model has {len(names)}: stages.N.layers must "
+                        f"cover 0..{len(names)} in order, without gaps or overlaps")
+    batch = doc.batch_size
     params = CostParams(batch_size=batch)
-    inst = [int(st["instances"]) for st in plan["stages"]]
-    if any(a["type"] == b["type"] for a, b in zip(plan["stages"], plan["stages"][1:])):
+    inst = [st.instances for st in doc.stages]
+    if any(a.type == b.type for a, b in zip(doc.stages, doc.stages[1:])):
         raise UserError("two neighbouring plan stages have the same type; the cost model counts them as one "
                         "stage: merge them (sum their instances) or give them different types")
-    score = evaluate(w, assign, float(plan["target"]), params, instances=inst)
+    score = evaluate(w, assign, doc.target, params, instances=inst)
     stages = []
-    for st, sc in zip(plan["stages"], score.stages):
+    for st, sc in zip(doc.stages, score.stages):
         pd = float(w.dense_param_bytes[sc.start:sc.end].sum())
-        stages.append(StageSpec(sc.start, sc.end, st["type"], st.get("kind", ""), sc.instances,
+        stages.append(StageSpec(sc.start, sc.end, st.type, st.kind, sc.instances,
                                 float(sc.time_per_sample), ring_allreduce_time(pd, sc.instances, float(w.bandwidth[sc.rtype]))))
     cfg = CTRModelConfig()
     sparse_types = [catalogue.types[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]

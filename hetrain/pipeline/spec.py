@@ -8,7 +8,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
 from ..errors import UserError
+from ..fileio import format_validation_error, read_text
 from .data import CTRDataConfig
 from .sparse_ps import SparseOptim
 from .workload import CTRModelConfig
@@ -124,7 +129,66 @@ class RunSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> "RunSpec":
-        return cls(**json.loads(Path(path).read_text()))
+        path = Path(path)
+        try:
+            data = json.loads(read_text(path, "run spec"))
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise UserError(f"run spec {path} is not valid JSON: {err}") from None
+        return parse_run_spec(data, str(path))
+
+
+class PlanError(UserError):
+    """A plan file the runtime cannot run; the message names the field."""
+
+
+class PlanStageDoc(BaseModel):
+    """One stage of a plan file, as the runtime reads it (other keys are the planner's)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    layers: tuple[int, int]
+    type: str
+    kind: str = ""
+    instances: int = Field(ge=1, le=1_000_000)
+    layer_names: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> "PlanStageDoc":
+        if not 0 <= self.layers[0] < self.layers[1]:
+            raise ValueError(f"layers {list(self.layers)} must be [first, one past the last] with first < last")
+        return self
+
+
+class PlanDoc(BaseModel):
+    """The fields of a plan file (`hetrain plan --out`, format hetrain.plan/1) that
+    `hetrain train` uses, validated before anything is compiled."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    feasible: bool
+    reason: str = ""
+    target: float = Field(gt=0, allow_inf_nan=False)
+    batch_size: int = Field(default=1024, ge=1, le=1_000_000_000)
+    stages: list[PlanStageDoc] = Field(min_length=1)
+
+
+def parse_plan(plan: Any, source: str = "<plan>") -> PlanDoc:
+    if not isinstance(plan, dict):
+        raise PlanError(f"invalid plan {source}: expected a JSON object with `stages`")
+    if plan.get("feasible") is not True:
+        raise PlanError(f"the plan is not feasible ({plan.get('reason', '')}); make a feasible plan first")
+    try:
+        return PlanDoc.model_validate(plan)
+    except ValidationError as err:
+        raise PlanError(format_validation_error(err, f"invalid plan {source}:", "docs/heterps-runtime.md")) from None
+
+
+def parse_run_spec(data: Any, source: str = "<run spec>") -> "RunSpec":
+    """A run spec from its JSON form; every field checked, errors name it."""
+    if not isinstance(data, dict):
+        raise UserError(f"invalid run spec {source}: expected a JSON object")
+    try:
+        return _RUN_SPEC.validate_python(data)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, f"invalid run spec {source}:", "docs/heterps-runtime.md")) from None
 
 
 def lcm_micro_batches(wanted: int, instances: list[int], batch: int) -> int:
@@ -135,3 +199,10 @@ def lcm_micro_batches(wanted: int, instances: list[int], batch: int) -> int:
         m = m * k // math.gcd(m, k)
     n = math.ceil(wanted / m) * m
     return n if n <= batch else wanted
+
+
+# the spec's dataclasses checked field by field (unknown keys refused, __post_init__
+# checks reported with their field path); built once
+for _cls in (StageSpec, RunSpec, SparseOptim, CTRModelConfig, CTRDataConfig):
+    _cls.__pydantic_config__ = ConfigDict(extra="forbid", strict=False)
+_RUN_SPEC = TypeAdapter(RunSpec)
