@@ -485,6 +485,8 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown kinds {bad}; choose from {', '.join(KINDS)}")
     rng = random.Random(args.seed)
+    # SIGTERM: unwind through the `finally` blocks, which stop the jobs and their namespaces
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     load_start = os.getloadavg()
     t0 = time.time()
     faults: list[Fault] = []

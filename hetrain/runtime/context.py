@@ -173,13 +173,16 @@ def init() -> Context:
         raise UserError(f"machine {me.machine.name} has address {me.machine.address}, which no local interface carries; "
                         "fix `address` in the cluster file or run this node on that machine")
     os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
-    timeout = env.comm.timeout_s
-    client = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=max(timeout, 30)))
+    # gloo operations get the longer backstop bound: dead and hung peers are found by
+    # liveness within --timeout (CommConfig.op_timeout_s says why)
+    timeout = env.comm.op_timeout_s
+    rendezvous = env.comm.rendezvous_timeout_s
+    client = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=rendezvous))
     store = dist.PrefixStore(env.store_prefix, client)  # this round's keys only
     # beat from here on: a process that hangs even in the rendezvous below is named
     heartbeat = Heartbeat(env.master_addr, env.master_port, env.store_prefix, env.rank).start()
     atexit.register(mark_leaving, store, env.rank)  # finalising is silent: tell the launcher it is expected
-    admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
+    admit(store, load_secret(), env.rank, env.world_size, rendezvous)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timedelta(seconds=timeout))
     worker_group = dist.new_group(topo.worker_ranks, timeout=timedelta(seconds=timeout))

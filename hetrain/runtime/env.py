@@ -20,7 +20,7 @@ class CommConfig:
     mode: str = "byteps"
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (engine.window_partitions)
-    timeout_s: float = 60.0  # a lost peer is reported within this time
+    timeout_s: float = 60.0  # a lost peer (dead, or silent: no heartbeat) is reported within this time
     # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
     # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
     max_lanes: int = 1
@@ -29,6 +29,20 @@ class CommConfig:
     overlap: bool = False  # push each gradient as soon as backward produces it
     sync: str = "sync"  # sync (default), async, or stale (bounded staleness, bound `staleness`)
     staleness: int = 0  # stale: the fastest worker is at most this many steps ahead of the slowest
+
+    @property
+    def op_timeout_s(self) -> float:
+        """Bound on one gloo operation. Lost peers are found by liveness within
+        `timeout_s` (the launcher records and stops a process that died or went silent,
+        so its peers' operations fail at once); this longer bound is the backstop for
+        what liveness cannot see (a whole node cut off with the store), and it lets a
+        live peer be slow, e.g. in its setup before the first step on a loaded host."""
+        return max(4.0 * self.timeout_s, 60.0)
+
+    @property
+    def rendezvous_timeout_s(self) -> float:
+        """How long processes wait for each other to start (imports on a loaded host)."""
+        return max(self.op_timeout_s, 300.0)
 
     def __post_init__(self) -> None:
         from ..errors import UserError

@@ -190,7 +190,7 @@ class Launcher:
         self.secret = secret
         import torch.distributed as dist  # deferred: `hetrain --help` stays fast
 
-        timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
+        timeout = timedelta(seconds=cfg.comm.rendezvous_timeout_s)
         if hosting:
             sock = _listen(self.master_addr, cfg.master_port)
             self.port = sock.getsockname()[1]
