@@ -250,6 +250,7 @@ class Launcher:
         self.membership = Membership(self.cluster, el, probe=self._probe)
         self._joins_seen, self._join_missing_since = 0, None
         self.node_instance: dict[int, str] = {}
+        self._nodes_ever: set[int] = set()
         self.node_live = None
         if self.multinode:
             self._await_nodes()
@@ -353,13 +354,16 @@ class Launcher:
                 self._log(f"hetrain: refused a launcher that asked to join as node {req.node}: this job's nodes are "
                           f"0..{self.cluster.nnodes - 1} and node 0 leads it")
                 continue
-            again = req.node in self.node_instance
+            connected = req.node in self.node_instance
             self.node_instance[req.node] = req.instance
             if self.node_live is None:
                 self.node_live = Liveness(self.store, [], keyfmt=NODE_HB)
             self.node_live.track(req.node)
             self.membership.node_back(req.node)
-            self._log(f"hetrain: node {req.node}'s launcher {'reconnected' if again else 'joined'}")
+            if not connected:
+                seen = req.node in self._nodes_ever
+                self._nodes_ever.add(req.node)
+                self._log(f"hetrain: node {req.node}'s launcher {'reconnected' if seen else 'joined'}")
 
     def _watch_nodes(self) -> list[int]:
         """Nodes whose launcher stopped beating for the peer timeout: their machines
@@ -532,13 +536,18 @@ class Launcher:
         node = cfg.node_rank
         instance = uuid.uuid4().hex[:12]
         nonce = store.get("hetrain/nonce").decode()
-        i = int(store.add(JOINS, 1)) - 1
-        store.set(join_key(i), JoinRequest(node, instance, join_tag(self.secret, nonce, node, instance)).dumps())
+
+        def join() -> None:
+            i = int(store.add(JOINS, 1)) - 1
+            store.set(join_key(i), JoinRequest(node, instance, join_tag(self.secret, nonce, node, instance)).dumps())
+
+        join()
         beat = Heartbeat(self.master_addr, self.port, "", node, keyfmt=NODE_HB).start()
         self._log(f"hetrain: node {node} joined job at {self.master_addr}:{self.port}; waiting for rounds")
         store.set_timeout(timedelta(seconds=10))
         current, rstore, posted = -1, None, set()
         lost_since = None
+        left_out_since = None  # none of this node's machines runs: the leader may have dropped it
         try:
             while True:
                 try:
@@ -558,6 +567,10 @@ class Launcher:
                         posted = set()
                         rstore = self._start_round(current, sub, topo)
                         self._log(f"hetrain: round {current}: this node starts {len(self.children)} processes")
+                        left_out_since = None if self.children else time.monotonic()
+                    if left_out_since is not None and time.monotonic() - left_out_since > 2 * cfg.comm.timeout_s:
+                        join()  # e.g. after a partition healed: prove the secret again to be counted
+                        left_out_since = time.monotonic()
                     if rstore is not None:
                         self._post_exits(rstore, posted)
                         for c in self.children:
