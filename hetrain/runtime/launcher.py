@@ -28,6 +28,7 @@ from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from . import STOP_REQUESTED
 from .auth import new_secret
+from .devices import preflight
 from .env import CommConfig, ProcEnv
 from .topology import Proc, build_topology
 
@@ -104,6 +105,8 @@ class Launcher:
     def run(self) -> int:
         cfg = self.cfg
         cluster = cfg.cluster
+        # GPUs and NCCL this node's machines ask for: refuse before anything starts
+        preflight(cluster, build_topology(cluster, cfg.comm.mode), cfg.comm, cfg.node_rank)
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
@@ -182,7 +185,8 @@ class Launcher:
             env = dict(os.environ)
             env.update(cfg.extra_env)
             env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
-                               cluster.model_dump_json(), cfg.comm, str(self.run_dir)).to_environ(secret))
+                               cluster.model_dump_json(), cfg.comm, str(self.run_dir),
+                               local_rank=p.local_rank).to_environ(secret))
             env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
             if self.ratelimit_dir:
                 env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
