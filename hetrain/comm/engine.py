@@ -64,15 +64,15 @@ def check_tensors(named, worker_device: torch.device | None, what: str = "push_p
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise UserError(f"{what} tensor {name!r} must be a floating-point torch.Tensor, got {type(t).__name__}"
                             f"{'' if not isinstance(t, torch.Tensor) else ' of ' + str(t.dtype)}")
-        if t.device.type not in ("cpu", "cuda"):
-            raise UserError(f"{what} tensor {name!r} is on {t.device}, which holds no data to send; hetrain moves "
-                            "CPU and CUDA tensors (materialise the model, e.g. model.to_empty(device=...) and load "
-                            "its weights, before training)")
         if device is None:
             device, first = t.device, name
         elif t.device != device:
             raise UserError(f"{what} tensors must all be on one device: {first!r} is on {device} but {name!r} is on "
                             f"{t.device}; move them together (e.g. model.to(hetrain.device()))")
+        if t.device.type not in ("cpu", "cuda"):
+            raise UserError(f"{what} tensor {name!r} is on {t.device}, which holds no data to send; hetrain moves "
+                            "CPU and CUDA tensors (materialise the model, e.g. model.to_empty(device=...) and load "
+                            "its weights, before training)")
     device = device or torch.device("cpu")
     if worker_device is not None and device.type == "cuda" and device != worker_device:
         where = ("an emulated device on the CPU (its machine has no `device.cuda: true`)"

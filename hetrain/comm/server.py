@@ -157,7 +157,7 @@ class SummationServer:
             p2p.wait(work, self.ctx.peer_error, f"receiving partition {p.pid} from it", [w])
         t0 = time.perf_counter()
         if self.wire is None:
-            torch.matmul(self.coef, buf, out=total)  # Σ_m c_m·push_m: one vectorised pass
+            torch.matmul(self.coef[None], buf, out=total[None])  # Σ_m c_m·push_m: one vectorised pass
         else:
             self._sum_encoded(i, buf, total)
         self.busy_s += time.perf_counter() - t0
@@ -173,7 +173,7 @@ class SummationServer:
         for row in range(buf.shape[0]):
             decode_part(w, buf[row], dec[row], base=p.start)
         flat = self.total
-        torch.matmul(self.coef, dec, out=flat[p.start: p.start + p.length])
+        torch.matmul(self.coef[None], dec, out=flat[p.start: p.start + p.length][None])
         encode_part(w, flat, out, self.feedback)
 
 

@@ -1,4 +1,8 @@
-"""Train a few SGD steps with unequal per-worker batch sizes; save the parameters."""
+"""Train a few SGD steps with unequal per-worker batch sizes; save the parameters.
+
+--broadcast: workers other than rank 0 start from perturbed parameters and take rank 0's
+with broadcast_parameters; --skip-sync: opt.synchronize(), then a (no-op) clip, then
+`with opt.skip_synchronize(): opt.step()`, and the engine counts one exchange per step."""
 import sys
 from pathlib import Path
 
@@ -12,10 +16,17 @@ from reference import STEPS, data, global_batch, make_model, shares  # noqa: E40
 
 out = Path(sys.argv[1])
 use_ddp = "--ddp" in sys.argv
+skip_sync = "--skip-sync" in sys.argv
 ctx = hetrain.init()
 rank, n = hetrain.rank(), hetrain.size()
 x, y = data()
 model = make_model()
+if "--broadcast" in sys.argv:
+    if rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
 if use_ddp:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -36,9 +47,17 @@ for step in range(STEPS):
         state.batch_size = len(mine)
         F.cross_entropy(ddp(x[mine]), y[mine]).backward()
     else:
+        opt.set_batch_size(len(mine))  # before backward: with overlap the hooks push during it
         F.cross_entropy(model(x[mine]), y[mine]).backward()
-        opt.set_batch_size(len(mine))
-    opt.step()
+    if skip_sync:
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+        with opt.skip_synchronize():
+            opt.step()
+    else:
+        opt.step()
+if skip_sync:
+    print(f"exchanges {hetrain.engine().stats.steps} in {STEPS} steps", flush=True)
 out.mkdir(parents=True, exist_ok=True)
 torch.save({k: v.clone() for k, v in model.state_dict().items()}, out / f"rank{rank}{'-ddp' if use_ddp else ''}.pt")
 hetrain.shutdown()
