@@ -202,7 +202,10 @@ class AllReduceTransport(Transport):
     order (every worker must issue collectives in the same order)."""
 
     def partitions(self, numel: int) -> list[Partition]:
-        return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4))
+        """Buckets where they can overlap something (GPU copies, NCCL, --overlap); one
+        all-reduce of everything for host tensors otherwise, which gloo runs fastest."""
+        buckets = self.ctx.device.type == "cuda" or self.ctx.comm.overlap
+        return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
 
     def begin(self, staging, epoch: int, overlapped: bool) -> None:
         super().begin(staging, epoch, overlapped)
