@@ -226,7 +226,8 @@ def _fake_ctx(cluster: dict, mode: str = "byteps"):
     return SimpleNamespace(distributed=True, topology=topo, cluster=c, comm=CommConfig(mode=mode), rank=0,
                            device=torch.device("cpu"), local_groups=("r", "b") if topo.worker_machines[0][1:] else None,
                            local_ranks=tuple(topo.worker_machines[0]), num_workers=len(topo.workers),
-                           describe=topo.describe, failed=False, nccl_group=None)
+                           describe=topo.describe, failed=False, nccl_group=None,
+                           peer_error=lambda what, peers, err: RuntimeError(what))
 
 
 CLUSTER = {"machines": [{"name": "a", "role": "worker", "device": {}, "gpus": 2},
@@ -271,3 +272,68 @@ def test_tensors_on_several_devices_or_not_the_workers_are_refused():
     with pytest.raises(UserError, match="floating-point"):
         check_tensors([("a", torch.zeros(2, dtype=torch.int64))], None)
     assert check_tensors([("a", torch.zeros(2))], torch.device("cpu")) == torch.device("cpu")
+
+
+class _Done:
+    def is_completed(self):
+        return True
+
+    def wait(self):
+        return True
+
+
+def test_all_reduce_buckets_launch_in_one_fixed_order(monkeypatch):
+    """Buckets are all-reduced as soon as they and every bucket before them (in backward
+    order under --overlap) are filled, so all workers issue the same collectives in the
+    same order; results go back to the user's tensors."""
+    import hetrain.comm.transport as transport
+
+    monkeypatch.setattr(transport, "BUCKET_BYTES", 1024)
+    launched = []
+
+    def fake_all_reduce(t, group=None, async_op=False):
+        launched.append(t.numel())
+        t.mul_(2.0)  # stand-in for the sum over two workers with equal gradients
+        return _Done()
+
+    monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
+    ctx = _fake_ctx({"machines": [{"name": "a", "role": "worker", "device": {}}]}, "allreduce")
+    ctx.comm = CommConfig(mode="allreduce", overlap=True)
+    ctx.bucket, ctx.worker_group = None, "workers"
+    tr = AllReduceTransport(ctx)
+    ts = [torch.randn(300), torch.randn(40, 10), torch.randn(500)]
+    orig = [t.clone() for t in ts]
+    manifest = Manifest.of([(f"t{i}", t) for i, t in enumerate(ts)])
+    lay = FlatLayout.build(manifest, tr.partitions(manifest.numel))
+    assert len(lay.parts) > 3
+    s = HostWork(lay)
+    s.begin(scale=0.5)
+    tr.begin(s, epoch=1, overlapped=True)
+    s.fill(0, ts[0], 0, 300)  # the first tensor alone completes no bucket at the end of the order
+    tr.progress()
+    assert launched == []
+    for i in (2, 1):
+        s.fill(i, ts[i], 0, ts[i].numel())
+        tr.progress()
+    tr.finish()
+    s.complete(ts)
+    assert launched == [lay.parts[pid].length for pid in lay.order(backward=True)]
+    for a, b in zip(ts, orig):
+        torch.testing.assert_close(a, b)  # 0.5 (the worker's share) × 2 (the sum)
+
+
+def test_host_direct_staging_converts_half_precision():
+    ts = [torch.randn(100).half(), torch.randn(30)]
+    orig = [t.clone() for t in ts]
+    manifest = Manifest.of([(f"t{i}", t) for i, t in enumerate(ts)])
+    lay = FlatLayout.build(manifest, plan_for(np.ones(1), manifest.numel, 1024))
+    s = HostDirect(lay)
+    s.begin()
+    for i, t in enumerate(ts):
+        for pid in s.fill(i, t, 0, t.numel()):
+            s.stage_out(pid)
+    _echo(s, s.out_ready(False))
+    s.complete(ts)
+    assert ts[0].dtype == torch.float16
+    torch.testing.assert_close(ts[0], 2 * orig[0])
+    torch.testing.assert_close(ts[1], 2 * orig[1])

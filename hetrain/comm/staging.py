@@ -128,8 +128,10 @@ class HostDirect(Staging):
             t = t.detach()
             storage = t.untyped_storage().data_ptr() if t.numel() else None
             # a tensor sharing storage with an earlier one (tied or viewed buffers) is sent from
-            # a snapshot: the earlier one's result may land in that memory before it is read
-            inplace = t.is_contiguous() and (storage is None or storage not in self.storages)
+            # a snapshot: the earlier one's result may land in that memory before it is read;
+            # so is one that is not fp32 (the wire carries fp32)
+            inplace = (t.is_contiguous() and t.dtype == torch.float32
+                       and (storage is None or storage not in self.storages))
             self.storages.add(storage)
             self.inplace[i] = inplace
             self.flat[i] = t.view(-1) if inplace else torch.empty(t.numel(), dtype=torch.float32)

@@ -72,6 +72,12 @@ class Topology:
             out.setdefault(p.machine.name, []).append(p.rank)
         return list(out.values())
 
+    @property
+    def worker_labels(self) -> list[str]:
+        """One name per worker for logs and reports: the machine's, with `:<local rank>`
+        on machines with several workers."""
+        return [p.machine.name + (f":{p.local_rank}" if p.machine.local_workers > 1 else "") for p in self.workers]
+
     def local_peers(self, rank: int) -> list[int]:
         """The worker ranks on this worker's machine (itself included)."""
         name = self.procs[rank].machine.name
