@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import p2p
-from .comm.engine import PushPull
+from .comm.engine import PushPull, check_tensors
 from .errors import UserError
 from .runtime import context as _context
 
@@ -127,6 +127,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("named_parameters has duplicate names; pass model.named_parameters()")
         self._batch_size = 1
         self.engine = engine()
+        if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
+            check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter")
         self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
         self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
         self.overlap = (self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
@@ -211,7 +213,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             loss = closure() if closure is not None else None
             group = self._inner.param_groups[0]
             if self._async is None:
-                self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0))
+                self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0),
+                                          batch=self._batch_size)
             self._async.step(lr=group["lr"], batch_size=self._batch_size)
             return loss
         if not self._skip and not self._synced:

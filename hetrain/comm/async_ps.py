@@ -62,7 +62,8 @@ def server_index(parts: list[Partition], j: int) -> torch.Tensor:
 class AsyncClient:
     """Worker side: push a gradient, pull fresh parameters (optimizer runs on servers)."""
 
-    def __init__(self, ctx: Context, named_params: list[tuple[str, torch.Tensor]], lr: float, momentum: float = 0.0):
+    def __init__(self, ctx: Context, named_params: list[tuple[str, torch.Tensor]], lr: float, momentum: float = 0.0,
+                 batch: int = 1):
         if not ctx.topology or not ctx.topology.servers:
             raise UserError(f"sync mode {ctx.comm.sync!r} needs parameter servers; use mode ps, byteps or colocated")
         self.ctx = ctx
@@ -74,7 +75,7 @@ class AsyncClient:
         self.worker = ctx.topology.proc(ctx.rank).index
         self.lr, self.momentum = float(lr), float(momentum)
         self.clock = 0
-        self.batch = 1
+        self.batch = max(0, int(batch))  # announced with SETUP: the first round is weighted right
         self.bound = bound_of(ctx)
         self.max_gap = 0  # largest (my clock − slowest clock) seen when a pull returned
         self.wait_s = 0.0  # time blocked on pulls (includes being held back by the bound)
@@ -168,6 +169,7 @@ class ParameterServer:
         self.clocks = {w: 0 for w in self.workers}
         self.batches: dict[int, float | None] = {w: None for w in self.workers}  # latest batch size per worker
         self.stopped: set[int] = set()
+        self.joined: set[int] = set()  # workers whose SETUP arrived
         self.waiting: list[int] = []  # workers whose pull is held back
         self.max_gap = 0
         self.pushes = 0
@@ -179,10 +181,13 @@ class ParameterServer:
 
     def _release(self) -> None:
         slowest = self._slowest()
+        # the first pull (after SETUP) waits for every worker's SETUP: then every worker's
+        # batch size is known before the first push is weighted, and all start alike
+        everyone = len(self.joined | self.stopped) == len(self.workers)
         still = []
         for w in self.waiting:
             gap = self.clocks[w] - slowest
-            if gap <= self.bound:
+            if gap <= self.bound and (everyone or self.clocks[w] > 0):
                 self.max_gap = max(self.max_gap, int(gap))
                 reply = torch.cat([self.params, torch.tensor([float(self.version), float(slowest)])])
                 self.sends.append((w, p2p.isend(reply, w, PARAM_TAG), reply))
@@ -220,6 +225,8 @@ class ParameterServer:
                     if self.params is None:  # every worker starts from the same parameters
                         self.params = data.clone()
                         self.velocity = torch.zeros_like(data)
+                    self.joined.add(src)
+                    self.batches[src] = batch
                 else:
                     self.batches[src] = batch
                     known = [b for b in self.batches.values() if b is not None]
