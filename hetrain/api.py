@@ -268,7 +268,8 @@ def ddp_comm_hook(state: HookState, bucket) -> torch.futures.Future:
         if state.numel is not None:
             if state.flat is None or state.flat.device != buf.device or state.flat.dtype != buf.dtype:
                 state.flat = torch.empty(state.numel, dtype=buf.dtype, device=buf.device)
-            eng.begin([("ddp.grads", state.flat)], weight=state.batch_size, overlapped=True)
+            # buckets fill the flat buffer front to back: collectives follow that order
+            eng.begin([("ddp.grads", state.flat)], weight=state.batch_size, overlapped=True, arrival="forward")
     n = buf.numel()
     lo = state.offset
     state.pieces.append((buf, lo, fut))

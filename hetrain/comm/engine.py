@@ -21,7 +21,7 @@ from .flatlayout import FlatLayout
 from .layout import Manifest
 from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
 from .staging import HostDirect, HostWork, Staging
-from .transport import AllReduceTransport, HierarchicalTransport, make_transport
+from .transport import AllReduceTransport, Arrival, HierarchicalTransport, make_transport
 from .wire import wire_codecs
 
 
@@ -111,14 +111,16 @@ class PushPull:
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
-              overlapped: bool = False) -> bool:
+              overlapped: bool = False, arrival: Arrival | None = None) -> bool:
         """Start a push_pull whose tensors will be handed over one by one with `ready`
         (e.g. from gradient hooks while backward runs) and collected by `finish`.
 
         `named` gives names, shapes and the device (the values are not read here).
         Returns False when there is nothing to move (a one-process job). `overlapped`
         says the tensors arrive while compute goes on, so only the time `finish` blocks
-        counts as communication and the rest of the transfer time as hidden.
+        counts as communication and the rest of the transfer time as hidden. `arrival`
+        ("forward" or "backward", default: backward when overlapped) is the order in which
+        the pieces will be handed over; collectives among workers follow it.
         """
         if self._step is not None:
             raise UserError("push_pull.begin() called while another push_pull is in flight; call finish() first")
@@ -149,7 +151,7 @@ class PushPull:
             scale = float(weight if average else 1) if isinstance(self.transport, HierarchicalTransport) else 1.0
         staging = self._staging_for(device)
         staging.begin(scale)
-        self.transport.begin(staging, self.protocol.epoch, overlapped)
+        self.transport.begin(staging, self.protocol.epoch, overlapped, arrival)
         t1 = time.perf_counter()
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,

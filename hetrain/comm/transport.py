@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Literal
 
 import numpy as np
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from .partition import Partition, plan_for, plan_partitions
 from .protocol import part_tag
 from .window import CreditWindow
 
+Arrival = Literal["forward", "backward"]  # the order in which a step's pieces are handed over
 BUCKET_BYTES = 25 * 2**20  # all-reduce bucket (PyTorch DDP's default bucket_cap_mb)
 
 
@@ -45,17 +47,22 @@ class Transport:
         self.bytes_out = 0
         self.bytes_in = 0
 
-    def begin(self, staging, epoch: int, overlapped: bool) -> None:
+    def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         self.staging = staging
         self.layout = staging.layout
         self.epoch = epoch
         self.overlapped = overlapped
+        self.arrival = arrival
         self.t_first, self.t_last = None, 0.0
         self.bytes_out = self.bytes_in = 0
 
     def backward_order(self) -> bool:
-        """Collectives and sends go in backward order (last layers first) when gradients
-        arrive that way: the job's --overlap, or an overlapped step."""
+        """Collectives and sends go in backward order (last layers first) when the pieces
+        arrive that way: gradient hooks (an overlapped step, or the job's --overlap),
+        unless the caller says they arrive front to back (DDP's buckets of a flat buffer).
+        Every worker makes the same calls, so every worker picks the same order."""
+        if self.arrival is not None:
+            return self.arrival == "backward"
         return self.ctx.comm.overlap or self.overlapped
 
     def _touch(self) -> None:
@@ -174,8 +181,8 @@ class ServerTransport(Transport):
         c = self.ctx.comm
         return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
 
-    def begin(self, staging, epoch: int, overlapped: bool) -> None:
-        super().begin(staging, epoch, overlapped)
+    def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
+        super().begin(staging, epoch, overlapped, arrival)
         c = self.ctx.comm
         window = CreditWindow.for_job(c.partition_bytes, c.credit_bytes, self.job_unlimited or overlapped)
         self.leg = ServerLeg(self, window, sort_reverse=self.job_unlimited)
@@ -207,8 +214,8 @@ class AllReduceTransport(Transport):
         buckets = self.ctx.device.type == "cuda" or self.ctx.comm.overlap
         return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
 
-    def begin(self, staging, epoch: int, overlapped: bool) -> None:
-        super().begin(staging, epoch, overlapped)
+    def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
+        super().begin(staging, epoch, overlapped, arrival)
         self.order = self.layout.order(self.backward_order())
         self.next = 0
         self.ready: set[int] = set()
@@ -267,8 +274,8 @@ class HierarchicalTransport(Transport):
         c = self.ctx.comm
         return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
 
-    def begin(self, staging, epoch: int, overlapped: bool) -> None:
-        super().begin(staging, epoch, overlapped)
+    def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
+        super().begin(staging, epoch, overlapped, arrival)
         layout = self.layout
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}
