@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..cluster.spec import load_cluster
+from ..errors import UserError
 from .env import CommConfig
 from .topology import MODES
 
@@ -89,6 +90,8 @@ def _launch_config(args, argv: list[str]):
 def _cmd_launch(args) -> int:
     from .launcher import launch
 
+    if args.script is None:
+        raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
     argv = (["-m"] if args.module else []) + [args.script, *args.script_args]
     return launch(_launch_config(args, argv))
 
@@ -119,7 +122,7 @@ def register(sub) -> None:
     _add_torchrun_flags(p)
     p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
-    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_cmd_launch)
 

@@ -112,12 +112,10 @@ def check_entry_point(argv: list[str]) -> None:
         sys.path.insert(0, cwd)
         try:
             spec = importlib.util.find_spec(name)
-            if spec is not None and spec.submodule_search_locations is not None:  # a package: runs its __main__
-                if importlib.util.find_spec(f"{name}.__main__") is None:
-                    raise UserError(f"{name} is a package without a __main__ module, so `-m {name}` cannot run it; "
-                                    "name the module inside it that trains")
+            package = spec is not None and spec.submodule_search_locations is not None
+            main = importlib.util.find_spec(f"{name}.__main__") if package else spec  # a package runs its __main__
         except ModuleNotFoundError:  # a parent package is missing
-            spec = None
+            spec = main = None
         except (ImportError, ValueError):  # a parent package fails to import: let the process report it
             return
         finally:
@@ -125,6 +123,9 @@ def check_entry_point(argv: list[str]) -> None:
         if spec is None:
             raise UserError(f"no module named {name!r} (looked up from {cwd} and the Python path, as `python -m` "
                             "does); check the spelling, or install the package")
+        if main is None:
+            raise UserError(f"{name} is a package without a __main__ module, so `-m {name}` cannot run it; "
+                            "name the module inside it that trains")
         return
     script = Path(argv[0])
     if not (script.is_file() or (script / "__main__.py").is_file()):
