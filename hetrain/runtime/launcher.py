@@ -171,7 +171,7 @@ class Launcher:
         check_entry_point(cfg.argv)
         if not cfg.assign_node_rank:
             self._cores(build_topology(cluster, cfg.comm.mode), cfg.node_rank)
-        embedded = cfg.node_rank is None and not cfg.assign_node_rank  # the whole cluster runs here
+        embedded = cfg.node_rank is None and not cfg.assign_node_rank or cluster.nnodes == 1  # all runs here
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
@@ -264,7 +264,10 @@ class Launcher:
         topo = build_topology(cluster, cfg.comm.mode)
         master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
         embedded = cfg.node_rank is None and not cfg.assign_node_rank
-        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if embedded else None)
+        # one launcher starts every process (the whole cluster here, or a one-node job):
+        # it can make up the secret; several nodes must share one
+        alone = embedded or cluster.nnodes == 1
+        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if alone else None)
         if secret is None:
             raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
         import torch.distributed as dist  # deferred: `hetrain --help` stays fast
