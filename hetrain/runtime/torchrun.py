@@ -90,10 +90,12 @@ def resolve_host(host: str, flag: str) -> str:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
-    try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
-    except (socket.gaierror, UnicodeError):
-        raise UserError(f"{flag} {host!r}: cannot resolve this host name; give an IP address") from None
+    for family in (socket.AF_INET, socket.AF_UNSPEC):  # IPv4 first: `localhost` is 127.0.0.1, not ::1
+        try:
+            return socket.getaddrinfo(host, None, family=family, type=socket.SOCK_STREAM)[0][4][0]
+        except (socket.gaierror, UnicodeError):
+            continue
+    raise UserError(f"{flag} {host!r}: cannot resolve this host name; give an IP address")
 
 
 def local_address_towards(addr: str) -> str:
