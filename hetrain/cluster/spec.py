@@ -74,6 +74,9 @@ class MachineSpec(_Strict):
     bandwidth: float = Field(default=1.25e9, description="NIC bytes/s each way, or '10gbit'")
     address: str = "127.0.0.1"
     node: int = Field(default=0, ge=0, description="which launcher (node rank) starts it")
+    # a worker's own cores: its process is pinned to `threads` cores of its host that no
+    # other pinned worker gets, with torch.set_num_threads / OMP_NUM_THREADS = threads
+    threads: int | None = Field(default=None, ge=1, le=4096, description="cores pinned to the worker process")
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -95,6 +98,9 @@ class MachineSpec(_Strict):
             raise ValueError(f"worker machine {self.name!r} has no device; add e.g. `device: {{kind: gpu, speed: 1.0}}`")
         if self.role == "cpu" and self.device is not None:
             raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `device`")
+        if self.role == "cpu" and self.threads is not None:
+            raise ValueError(f"cpu machine {self.name!r}: `threads` pins a worker's training process; summation "
+                             "servers use the cores no worker is pinned to. Remove `threads` here")
         return self
 
 
