@@ -79,6 +79,9 @@ class MachineSpec(_Strict):
     # worker machines: one training process per GPU, bound to cuda:<local index> when
     # device.cuda is true (emulated GPUs otherwise); None = one process
     gpus: int | None = Field(default=None, ge=1, le=64)
+    # a worker's own cores: its process is pinned to `threads` cores of its host that no
+    # other pinned worker gets, with torch.set_num_threads / OMP_NUM_THREADS = threads
+    threads: int | None = Field(default=None, ge=1, le=4096, description="cores pinned to the worker process")
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -102,6 +105,9 @@ class MachineSpec(_Strict):
             raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `device`")
         if self.role == "cpu" and self.gpus is not None:
             raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `gpus`")
+        if self.role == "cpu" and self.threads is not None:
+            raise ValueError(f"cpu machine {self.name!r}: `threads` pins a worker's training process; summation "
+                             "servers use the cores no worker is pinned to. Remove `threads` here")
         return self
 
     @property

@@ -1,8 +1,14 @@
 """The environment contract between the launcher and the processes it starts.
 
-The launcher sets these; `hetrain.init()` reads them. The torch conventions (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) are set too, so plain
-torch.distributed code keeps working inside a hetrain job.
+The launcher sets these; `hetrain.init()` reads them. torchrun's variables are set
+too (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
+code written for torchrun keeps working inside a hetrain job. They count processes, as
+torch.distributed does: RANK/WORLD_SIZE span every process of the job's process group
+(workers are ranks 0..n-1, summation servers follow), LOCAL_RANK/LOCAL_WORLD_SIZE the
+processes one launcher starts on its host, workers first (so a worker's LOCAL_RANK
+is its index among the host's workers, the GPU index on a multi-GPU host). A CUDA
+worker is bound to the GPU of its index among its *machine's* workers (runtime/devices.py):
+on a host that runs one machine the two agree; several machines on one host share its GPUs.
 
 The job's communication settings (`CommConfig`) are validated here, at launch, so a bad
 flag fails before any process starts. The codec vocabulary lives here too (not in the
@@ -172,14 +178,18 @@ class ProcEnv:
     cluster_json: str
     comm: CommConfig = field(default_factory=CommConfig)
     run_dir: str = "runs/latest"
-    local_rank: int = 0  # this worker's index on its machine (its GPU, for a CUDA machine)
+    local_rank: int = 0  # index among the processes this host runs (workers first)
+    local_world_size: int = 1
+    # who started the process: hetrain's launcher, or plain torchrun (runtime/torchrun.py:
+    # workers only, its store, no job secret)
+    origin: Literal["hetrain", "torchrun"] = "hetrain"
 
     def to_environ(self, secret: str) -> dict[str, str]:
         env = {
-            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
             f"{PREFIX}RANK": str(self.rank), f"{PREFIX}WORLD_SIZE": str(self.world_size),
-            f"{PREFIX}LOCAL_RANK": str(self.local_rank),
             f"{PREFIX}MASTER_ADDR": self.master_addr, f"{PREFIX}MASTER_PORT": str(self.master_port),
             f"{PREFIX}JOB_ID": self.job_id, f"{PREFIX}CLUSTER": self.cluster_json,
             f"{PREFIX}COMM": self.comm.to_json(), f"{PREFIX}RUN_DIR": self.run_dir,
@@ -198,5 +208,5 @@ class ProcEnv:
             job_id=e[f"{PREFIX}JOB_ID"], cluster_json=e[f"{PREFIX}CLUSTER"],
             comm=CommConfig.from_json(e.get(f"{PREFIX}COMM", "{}")),
             run_dir=e.get(f"{PREFIX}RUN_DIR", "runs/latest"),
-            local_rank=int(e.get(f"{PREFIX}LOCAL_RANK", "0")),
+            local_rank=int(e.get("LOCAL_RANK", "0")), local_world_size=int(e.get("LOCAL_WORLD_SIZE", "1")),
         )
