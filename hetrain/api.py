@@ -128,7 +128,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batch_size = 1
         self.engine = engine()
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
-            check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter")
+            check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
         self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
         self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
         self.overlap = (self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"

@@ -55,9 +55,15 @@ class _Step:
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
 
 
-def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull") -> torch.device:
-    """Every tensor a floating-point torch.Tensor, all on one device, and that device the
-    host or this worker's own; returns it. Raises before anything is sent."""
+def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull",
+                  model: bool = False) -> torch.device:
+    """Every tensor a floating-point torch.Tensor, all on one device, and that device one
+    this worker can use; returns it. Raises before anything is sent.
+
+    A GPU worker (bound to cuda:i) may push host tensors or tensors on cuda:i, and its
+    model (`model=True`: the optimizer's parameters) must be on cuda:i. An emulated worker
+    (cpu) takes CPU tensors, and CUDA tensors of a script that binds its GPU itself (as
+    torchrun scripts do from LOCAL_RANK): both are staged."""
     device = None
     first = None
     for name, t in named:
@@ -74,11 +80,10 @@ def check_tensors(named, worker_device: torch.device | None, what: str = "push_p
                             "CPU and CUDA tensors (materialise the model, e.g. model.to_empty(device=...) and load "
                             "its weights, before training)")
     device = device or torch.device("cpu")
-    if worker_device is not None and device.type == "cuda" and device != worker_device:
-        where = ("an emulated device on the CPU (its machine has no `device.cuda: true`)"
-                 if worker_device.type == "cpu" else f"bound to {worker_device}")
-        raise UserError(f"{what} tensor {first!r} is on {device} but this worker is {where}; put the model on "
-                        "hetrain.device()")
+    if worker_device is not None and worker_device.type == "cuda" and device != worker_device:
+        if device.type == "cuda" or model:
+            raise UserError(f"{what} tensor {first!r} is on {device} but this worker is bound to {worker_device}; "
+                            "put the model on hetrain.device()")
     return device
 
 

@@ -119,8 +119,15 @@ def test_guard_refuses_cuda_tensors_before_gloo(monkeypatch):
     assert calls == []
     with pytest.raises(UserError, match="all be on one device"):
         check_tensors([("a", torch.zeros(2)), ("b", torch.zeros(2, device="cuda"))], torch.device("cuda", 0))
-    with pytest.raises(UserError, match="emulated device on the CPU"):
-        check_tensors([("w", torch.zeros(2, device="cuda"))], torch.device("cpu"))
+    bound = torch.device("cuda", torch.cuda.current_device())
+    other = torch.device("cuda", (bound.index + 1) % max(2, torch.cuda.device_count()))
+    with pytest.raises(UserError, match="model on hetrain.device"):  # a CPU model on a GPU worker
+        check_tensors([("w", torch.zeros(2))], bound, "DistributedOptimizer: parameter", model=True)
+    assert check_tensors([("g", torch.zeros(2))], bound) == torch.device("cpu")  # host tensors may be pushed
+    assert check_tensors([("g", torch.zeros(2, device=bound))], torch.device("cpu")) == bound  # torchrun-style
+    if other.index < torch.cuda.device_count():
+        with pytest.raises(UserError, match=f"is on {other} but this worker is bound to {bound}"):
+            check_tensors([("w", torch.zeros(2, device=other))], bound)
 
 
 def _check_params(out: Path, n: int, suffix: str = "", momentum: float = 0.9) -> None:
