@@ -22,6 +22,7 @@ every gloo call goes through comm/p2p.py's guard, so a device pointer never reac
 """
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import torch
@@ -34,6 +35,26 @@ from .wire import decode_part, encode_part, payload_bytes
 
 class DeviceLostError(RuntimeError):
     """A CUDA call failed: the GPU of this worker is gone or broken. Names the rank."""
+
+
+_CUDA_ERRORS = (getattr(torch, "AcceleratorError", RuntimeError),)
+
+
+def _on_device(what: str):
+    """A staging call that touches the GPU: a CUDA failure becomes a DeviceLostError that
+    names this rank and its GPU (the others then lose this rank, as for any dead peer)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except DeviceLostError:
+                raise
+            except _CUDA_ERRORS as err:
+                raise self.cuda.lost(what, err) from None
+        return call
+    return wrap
 
 
 class Cuda:
@@ -164,6 +185,7 @@ class CudaDirect(_CudaStaging):
             self.payload = cuda.pinned(total, torch.uint8)
             self.feedback = ErrorFeedback(numel, cuda.device)
 
+    @_on_device("copying a gradient off the GPU")
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
         ev = self.cuda.mark()
         a = self.layout.bounds[i]
@@ -176,6 +198,7 @@ class CudaDirect(_CudaStaging):
                 self.dev[a + lo: a + hi].copy_(src)
         return self._count(i, lo, hi)
 
+    @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
         with torch.cuda.stream(self.cuda.d2h):
             if self.layout.wire is not None:
@@ -198,6 +221,7 @@ class CudaDirect(_CudaStaging):
             v = self.payload[w.offset: w.offset + w.nbytes]
         return v, v  # the sum arrives after the server has our push, so after the send read it
 
+    @_on_device("copying a sum back to the GPU")
     def stage_in(self, pid: int) -> None:
         with torch.cuda.stream(self.cuda.h2d):
             if self.layout.wire is None:
@@ -229,6 +253,7 @@ class CudaWorkHost(_CudaStaging):
             self.precv = torch.zeros(total, dtype=torch.uint8)
             self.feedback = ErrorFeedback(numel)
 
+    @_on_device("copying a gradient off the GPU")
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
         ev = self.cuda.mark()
         a = self.layout.bounds[i]
@@ -250,6 +275,7 @@ class CudaWorkHost(_CudaStaging):
         p = self.layout.parts[pid]
         return self.work[p.start: p.start + p.length]
 
+    @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
         self._out.append(pid)  # already in host memory
 
@@ -270,11 +296,13 @@ class CudaWorkHost(_CudaStaging):
         encode_part(w, self.work, sbuf, self.feedback)
         return sbuf, self.precv[w.offset: w.offset + w.nbytes]
 
+    @_on_device("copying a sum back to the GPU")
     def stage_in(self, pid: int) -> None:
         if self.layout.wire is not None:
             w = self.layout.wire[pid]
             decode_part(w, self.precv[w.offset: w.offset + w.nbytes], self.work)
 
+    @_on_device("writing results into the gradients")
     def deliver(self, pid: int) -> None:
         with torch.cuda.stream(self.cuda.h2d):
             for i, lo, hi in self.layout.spans[pid]:
@@ -306,6 +334,7 @@ class CudaWorkDevice(_CudaStaging):
         self.in_events: dict[int, torch.cuda.Event] = {}
         self.whole: set[int] = set()  # tensors without a flat view: written back whole in complete()
 
+    @_on_device("copying a gradient off the GPU")
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
         a = self.layout.bounds[i]
         td = t.detach()
@@ -326,6 +355,7 @@ class CudaWorkDevice(_CudaStaging):
         p = self.layout.parts[pid]
         return self.work[p.start: p.start + p.length]
 
+    @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
         # called once the local reduce of pid has completed (the transport polled its work)
         p = self.layout.parts[pid]
@@ -351,6 +381,7 @@ class CudaWorkDevice(_CudaStaging):
             v = self.payload[w.offset: w.offset + w.nbytes]
         return v, v
 
+    @_on_device("copying a sum back to the GPU")
     def stage_in(self, pid: int) -> None:
         p = self.layout.parts[pid]
         with torch.cuda.stream(self.cuda.h2d):
@@ -366,6 +397,7 @@ class CudaWorkDevice(_CudaStaging):
     def in_event(self, pid: int):
         return self.in_events.pop(pid, None)
 
+    @_on_device("writing results into the gradients")
     def deliver(self, pid: int) -> None:
         for i, lo, hi in self.layout.spans[pid]:
             if i in self.whole:
