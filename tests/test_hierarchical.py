@@ -58,8 +58,11 @@ def test_launch_refuses_gpus_the_node_lacks(tmp_path, capsys):
     cluster = {"machines": [{"name": "g", "role": "worker", "device": {"cuda": True}, "gpus": 64}]}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cluster))
-    assert main(["launch", "--cluster", str(path), "x.py"]) == 2
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never started')\n")
+    assert main(["launch", "--cluster", str(path), str(script)]) == 2
     err = capsys.readouterr().err
+    assert "never started" not in err
     assert "machine g asks for 64 GPU(s)" in err and "lower `gpus`" in err and "Traceback" not in err
 
 
@@ -67,7 +70,9 @@ def test_launch_refuses_nccl_without_gpus(tmp_path, capsys):
     cluster = {"machines": [{"name": "e", "role": "worker", "device": {}, "gpus": 2}]}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cluster))
-    assert main(["launch", "--cluster", str(path), "--mode", "allreduce", "--collective", "nccl", "x.py"]) == 2
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never started')\n")
+    assert main(["launch", "--cluster", str(path), "--mode", "allreduce", "--collective", "nccl", str(script)]) == 2
     err = capsys.readouterr().err
     assert "--collective nccl needs every worker on a CUDA GPU" in err and "machine(s) e" in err
 
