@@ -201,11 +201,13 @@ def main() -> int:
         return 0
     repeats = 3 if args.quick else args.repeats
     t_start = time.time()
+    from tqdm import tqdm
+
+    runs = [("pushpull", False, 300), ("train", False, 200), ("train", True, 200)]
     with tempfile.TemporaryDirectory() as tmpd:
         cfile = cluster_file(Path(tmpd), args.workers, 2)
-        pp = launch(cfile, "pushpull", repeats, args.batch, False, 300)
-        off = launch(cfile, "train", repeats, args.batch, False, 200)
-        on = launch(cfile, "train", repeats, args.batch, True, 200)
+        pp, off, on = (launch(cfile, phase, repeats, args.batch, overlap, limit)
+                       for phase, overlap, limit in tqdm(runs, desc="launches", file=sys.stderr))
     a = pp["push_pull"]
     train = {**off["train"], **on["train"]}
     no_sync = bool(train["overlap_on"].get("no_host_sync_in_backward"))
