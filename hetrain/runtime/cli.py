@@ -29,6 +29,8 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="training mode: synchronous (default), asynchronous, or bounded staleness (--staleness)")
     p.add_argument("--staleness", type=int, default=0,
                    help="with --sync stale: the fastest worker runs at most this many steps ahead of the slowest")
+    p.add_argument("--collective", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="worker collectives on GPUs: auto (NCCL where every worker has a GPU of its own), gloo, nccl")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -77,7 +79,7 @@ def _launch_config(args, argv: list[str]):
     comm = CommConfig(mode=res.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
                       timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
                       codec_rules=tuple(args.codec_rule),
-                      overlap=args.overlap, sync=args.sync, staleness=args.staleness)
+                      overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

@@ -6,14 +6,16 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .auth import admit, load_secret
+from .devices import Backends, bind, nccl_environment, plan_backends
 from .env import CommConfig, ProcEnv
 from .netif import iface_for_address
-from .topology import Topology, build_topology
+from .topology import Topology, build_topology, lanes_for
 
 
 class PeerLostError(RuntimeError):
@@ -31,6 +33,14 @@ class Context:
     lanes: list = None  # extra process groups = extra parallel connections to servers
     bucket: object = None  # emulated uplink (cluster/ratelimit.py), when asked for
     machine_name: str = ""
+    device: torch.device = torch.device("cpu")  # where this worker's tensors live (cuda:<local rank> or cpu)
+    backends: Backends = Backends()
+    nccl_group: object = None  # the workers over NCCL (every worker a GPU of its own), else None
+    # machines with several workers: (reduce group, broadcast group) of this worker's machine;
+    # two groups so that reduces issued during backward never queue behind a broadcast
+    # that waits for its sum from the servers
+    local_groups: tuple | None = None
+    local_ranks: tuple[int, ...] = ()
 
     def pace(self, peer: int, nbytes: int) -> None:
         """Charge a send to another machine against this machine's emulated uplink."""
@@ -150,6 +160,10 @@ def init() -> Context:
         import torch
 
         torch.set_num_threads(me.machine.threads)
+    device = bind(me, topo.describe(env.rank))  # before anything touches CUDA
+    backends = plan_backends(topo, env.comm)
+    if backends.uses_nccl:
+        nccl_environment()
     iface = iface_for_address(me.machine.address)
     timeout = env.comm.timeout_s
     if env.origin == "torchrun":
@@ -164,19 +178,32 @@ def init() -> Context:
         admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))
-    worker_group = dist.new_group(topo.worker_ranks, timeout=timedelta(seconds=timeout))
+    wait = timedelta(seconds=timeout)
+    # every rank creates every group, in the same order (torch.distributed requires it)
+    worker_group = dist.new_group(topo.worker_ranks, timeout=wait)
+    nccl_group = None
+    if backends.worker == "nccl":
+        nccl_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="nccl")
+    local_groups, local_ranks = None, ()
+    for ranks in topo.worker_machines:
+        if len(ranks) < 2:
+            continue
+        backend = backends.local[topo.proc(ranks[0]).machine.name]
+        pair = tuple(dist.new_group(ranks, timeout=wait, backend=backend) for _ in range(2))
+        if env.rank in ranks:
+            local_groups, local_ranks = pair, tuple(ranks)
     lanes = []
     if topo.servers:
-        from ..comm.partition import lanes_for
-
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
-        lanes = [dist.new_group(list(range(env.world_size)), timeout=timedelta(seconds=timeout)) for _ in range(extra)]
+        lanes = [dist.new_group(list(range(env.world_size)), timeout=wait) for _ in range(extra)]
     if env.origin == "hetrain":
         store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for
 
     _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
-                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name)
+                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
+                   device=device, backends=backends, nccl_group=nccl_group, local_groups=local_groups,
+                   local_ranks=local_ranks)
     return _CTX
 
 

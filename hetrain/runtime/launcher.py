@@ -41,6 +41,7 @@ from ..errors import UserError
 from . import STOP_REQUESTED
 from .auth import new_secret
 from .cores import assign_cores, describe as describe_cores, pin
+from .devices import preflight
 from .env import CommConfig, ProcEnv
 from .netif import iface_for_address
 from .topology import Proc, build_topology
@@ -170,7 +171,9 @@ class Launcher:
         # refused before anything starts (no namespace, store or process)
         check_entry_point(cfg.argv)
         if not cfg.assign_node_rank:
-            self._cores(build_topology(cluster, cfg.comm.mode), cfg.node_rank)
+            topo = build_topology(cluster, cfg.comm.mode)
+            self._cores(topo, cfg.node_rank)
+            preflight(cluster, topo, cfg.comm, cfg.node_rank)  # the GPUs and NCCL this node's machines ask for
         embedded = cfg.node_rank is None and not cfg.assign_node_rank or cluster.nnodes == 1  # all runs here
         emulate = cluster.network.emulate
         if emulate == "auto":
@@ -275,6 +278,8 @@ class Launcher:
         timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
         store, port, node_rank = self._open_store(dist, master_addr, timeout)
         self.store = store
+        if cfg.assign_node_rank:  # this node's rank is known only now: check its GPUs before starting anything
+            preflight(cluster, topo, cfg.comm, node_rank)
         local = self._local(topo, node_rank)
         cores = self._cores(topo, node_rank)
         self.run_dir.mkdir(parents=True, exist_ok=True)

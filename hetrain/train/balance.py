@@ -128,7 +128,7 @@ class Balancer:
         self.global_batch = global_batch
         if memory is None:
             memory = [p.machine.device.memory for p in ctx.topology.workers] if ctx.topology else [float("inf")]
-        self.labels = [p.machine.name for p in ctx.topology.workers] if ctx.topology else ["w0"]
+        self.labels = ctx.topology.worker_labels if ctx.topology else ["w0"]
         self.caps = memory_caps(memory, self.cfg)
         self._mine: deque = deque(maxlen=self.cfg.window)
         self.speeds = np.zeros(self.n)  # last agreed samples/s per worker (0 = not measured yet)
