@@ -1,8 +1,8 @@
 """Cluster description: machines, their devices, NICs and addresses.
 
 A cluster is a list of machines. A *worker* machine has a compute device (real or
-emulated by a speed factor) and runs one training process, plus a co-located
-summation server in the modes that use one. A *cpu* machine only runs a summation
+emulated by a speed factor) and runs one training process per GPU (`gpus: N`, default
+one), plus a co-located summation server in the modes that use one. A *cpu* machine only runs a summation
 server (BytePS's spare-CPU idea). Files are YAML; every mistake is reported with the
 field's path and what to write instead.
 """
@@ -38,7 +38,9 @@ class SpeedChange(_Strict):
 
 
 class DeviceSpec(_Strict):
-    """An emulated compute device: kind name, speed factor (1 = this host) and memory cap."""
+    """A compute device: kind name, speed factor (1 = this host), memory cap (per GPU), and
+    whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<local rank>`) or
+    emulated on the CPU (the default: CPU tensors, slowed down by the speed factor)."""
 
     kind: str = "cpu"
     speed: float = Field(default=1.0, gt=0, le=1)
@@ -74,6 +76,12 @@ class MachineSpec(_Strict):
     bandwidth: float = Field(default=1.25e9, description="NIC bytes/s each way, or '10gbit'")
     address: str = "127.0.0.1"
     node: int = Field(default=0, ge=0, description="which launcher (node rank) starts it")
+    # worker machines: one training process per GPU, bound to cuda:<local index> when
+    # device.cuda is true (emulated GPUs otherwise); None = one process
+    gpus: int | None = Field(default=None, ge=1, le=64)
+    # a worker's own cores: its process is pinned to `threads` cores of its host that no
+    # other pinned worker gets, with torch.set_num_threads / OMP_NUM_THREADS = threads
+    threads: int | None = Field(default=None, ge=1, le=4096, description="cores pinned to the worker process")
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -95,7 +103,17 @@ class MachineSpec(_Strict):
             raise ValueError(f"worker machine {self.name!r} has no device; add e.g. `device: {{kind: gpu, speed: 1.0}}`")
         if self.role == "cpu" and self.device is not None:
             raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `device`")
+        if self.role == "cpu" and self.gpus is not None:
+            raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `gpus`")
+        if self.role == "cpu" and self.threads is not None:
+            raise ValueError(f"cpu machine {self.name!r}: `threads` pins a worker's training process; summation "
+                             "servers use the cores no worker is pinned to. Remove `threads` here")
         return self
+
+    @property
+    def local_workers(self) -> int:
+        """Training processes on this machine (one per GPU; 0 for a cpu machine)."""
+        return 0 if self.role == "cpu" else (self.gpus or 1)
 
 
 class NetworkSpec(_Strict):

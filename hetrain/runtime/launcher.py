@@ -16,10 +16,21 @@ stops a hung one, and gives the rest a grace period to stop. With `--max-restart
 it then starts a new round from the last commit (`hetrain.train.elastic`) on the
 machines still in (`supervisor.py`); otherwise it returns non-zero with the failing
 rank's error.
+
+It fails fast, in the user's terms: a script or module that does not exist, or
+workers that ask for more cores than the host has, are refused before anything starts;
+a process that exits before the job has formed (before the rendezvous completes) ends
+the round at once, since the others would only wait for it. Output is read in chunks
+as it arrives, so a progress bar's carriage-return redraws show while the job runs.
 """
 from __future__ import annotations
 
+import codecs
+import importlib.util
+import ipaddress
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -36,8 +47,11 @@ from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from . import STOP_REQUESTED
 from .auth import new_secret
+from .cores import assign_cores, describe as describe_cores, pin
+from .devices import preflight
 from .env import CommConfig, ProcEnv, round_prefix
 from .heartbeat import Heartbeat, Liveness
+from .netif import iface_for_address
 from .rounds import (COMMITS, JOB, JOINS, NODE_HB, RESIZE, TEARDOWN, JoinRequest, dead_key, join_key, latest_round,
                      post_exit, publish_round, read_exit, round_machines)
 from .supervisor import ElasticConfig, Membership
@@ -58,10 +72,14 @@ class LaunchConfig:
     node_rank: int | None = None  # None: run every node's processes here
     master_addr: str | None = None
     master_port: int = 0  # 0: pick a free one (single node only)
+    # multi-node without --node-rank (identical nodes, torchrun-style): the node hosting
+    # the store is node 0, the others take 1, 2, ... in order of arrival
+    assign_node_rank: bool = False
     secret: str | None = None
     run_dir: str | None = None
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    job_id: str | None = None  # default: a fresh random id (torchrun's --rdzv-id sets it)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
@@ -73,6 +91,8 @@ class LaunchConfig:
                                 f"(the cluster file assigns machines to {self.cluster.nnodes} node(s))")
             if self.cluster.nnodes > 1 and (not self.master_addr or not self.master_port):
                 raise UserError("a multi-node launch needs --master-addr and --master-port (the same on every node)")
+        if self.assign_node_rank and (self.node_rank is not None or not self.master_addr or not self.master_port):
+            raise UserError("handing out node ranks needs --master-addr and --master-port, and no --node-rank")
 
 
 @dataclass
@@ -93,6 +113,48 @@ def _listen(addr: str, port: int) -> socket.socket:
                         "pick another --master-port or check --master-addr is this node's cluster address") from None
     sock.listen(512)
     return sock
+
+
+def check_entry_point(argv: list[str]) -> None:
+    """Refuse a training script or module that does not exist, before anything starts
+    (a typo would otherwise start every process and fail only when the servers give up
+    waiting). A module is looked up as `python -m` would: from this directory first,
+    then the launcher's path (which the processes inherit)."""
+    cwd = os.getcwd()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise UserError("-m needs a module name (`hetrain launch -m package.module`)")
+        name = argv[1]
+        saved = sys.path[:]
+        sys.path.insert(0, cwd)
+        try:
+            spec = importlib.util.find_spec(name)
+            package = spec is not None and spec.submodule_search_locations is not None
+            main = importlib.util.find_spec(f"{name}.__main__") if package else spec  # a package runs its __main__
+        except ModuleNotFoundError:  # a parent package is missing
+            spec = main = None
+        except (ImportError, ValueError):  # a parent package fails to import: let the process report it
+            return
+        finally:
+            sys.path[:] = saved
+        if spec is None:
+            raise UserError(f"no module named {name!r} (looked up from {cwd} and the Python path, as `python -m` "
+                            "does); check the spelling, or install the package")
+        if main is None:
+            raise UserError(f"{name} is a package without a __main__ module, so `-m {name}` cannot run it; "
+                            "name the module inside it that trains")
+        return
+    script = Path(argv[0])
+    if not (script.is_file() or (script / "__main__.py").is_file()):
+        where = "" if script.is_absolute() else f" (relative to {cwd})"
+        raise UserError(f"training script {argv[0]} does not exist{where}; check the path, or use -m for a module")
+
+
+def _is_local_address(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback or iface_for_address(addr) is not None
+    except ValueError:
+        return False
 
 
 # what a process prints when it failed only because it lost a peer: hetrain's own error,
@@ -117,13 +179,15 @@ class Launcher:
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg
         self.children: list[Child] = []
-        self.job_id = uuid.uuid4().hex[:8]
+        self.job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.job_id)[:40] if cfg.job_id else uuid.uuid4().hex[:8]
         self.netns = None
         self._print_lock = threading.Lock()
         self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
-        self.multinode = cfg.cluster.nnodes > 1
-        node = cfg.node_rank
-        self.my_machines = {m.name for m in cfg.cluster.machines if node is None or m.node == node}
+        # one launcher starts every process (the whole cluster here, or a one-node job)
+        self.embedded = cfg.node_rank is None and not cfg.assign_node_rank or cfg.cluster.nnodes == 1
+        self.multinode = not self.embedded  # node 0 leads the rounds, the others follow
+        self.node_rank = cfg.node_rank  # known once the store is open when nodes take ranks on arrival
+        self.my_machines: set[str] = set()
         self.store = None
         self._job_over = False
 
@@ -131,17 +195,23 @@ class Launcher:
     def run(self) -> int:
         cfg = self.cfg
         cluster = cfg.cluster
+        # refused before anything starts (no namespace, store or process)
+        check_entry_point(cfg.argv)
+        if not cfg.assign_node_rank:
+            topo = build_topology(cluster, cfg.comm.mode)
+            self._cores(self._local(topo, cfg.node_rank))
+            preflight(cluster, topo, cfg.comm, cfg.node_rank)  # the GPUs and NCCL this node's machines ask for
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
-            emulate = "netns" if netns_available() is None and cfg.node_rank is None else "ratelimit"
+            emulate = "netns" if netns_available() is None and self.embedded else "ratelimit"
         self.ratelimit_dir = None
         if emulate == "ratelimit":
             import tempfile
             self.ratelimit_dir = tempfile.mkdtemp(prefix=f"hetrain-{self.job_id}-",
                                                   dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         if emulate == "netns":
-            if cfg.node_rank is not None:
+            if not self.embedded:
                 raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
             from ..cluster.netns import NetnsCluster
             self.netns = NetnsCluster(cluster)
@@ -180,38 +250,78 @@ class Launcher:
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
 
+    @staticmethod
+    def _local(topo: Topology, node_rank: int | None) -> list[Proc]:
+        """The processes of `topo` a launcher of `node_rank` starts (None: all), in rank order."""
+        return [p for p in topo.procs if node_rank is None or p.machine.node == node_rank]
+
+    def _cores(self, local: list[Proc]):
+        """Cores of this host for the workers that declare `threads:` (raises when they do not fit)."""
+        return assign_cores(local, sorted(os.sched_getaffinity(0)))
+
+    def _open_store(self, dist, master_addr: str, timeout: timedelta):
+        """Host the rendezvous store (node 0) or connect to it; hand out this node's rank
+        when the nodes are identical and none was given. Returns (store, port, node_rank)."""
+        cfg = self.cfg
+        node_rank = cfg.node_rank
+        hosting = node_rank in (None, 0) and not cfg.assign_node_rank
+        sock = None
+        if cfg.assign_node_rank and _is_local_address(master_addr):
+            try:  # the rendezvous host is this machine: host it, unless another launcher here already does
+                sock = _listen(master_addr, cfg.master_port)
+                hosting = True
+            except UserError:
+                sock = None
+        if hosting:
+            sock = sock or _listen(master_addr, cfg.master_port)
+            self._listen_sock = sock  # TCPStore serves on this socket's fd: keep it open for the whole job
+            port = sock.getsockname()[1]
+            store = dist.TCPStore(master_addr, port, None, True, timeout=timeout, wait_for_workers=False,
+                                  master_listen_fd=sock.fileno())
+            store.set("hetrain/nonce", uuid.uuid4().hex)
+        else:
+            port = cfg.master_port
+            store = dist.TCPStore(master_addr, port, None, False, timeout=timeout)
+        if cfg.assign_node_rank:
+            node_rank = 0 if hosting else int(store.add("hetrain/nodes", 1))
+            if node_rank >= cfg.cluster.nnodes:
+                raise UserError(f"node {node_rank + 1} joined a job of --nnodes {cfg.cluster.nnodes}; every node must "
+                                "give the same --nnodes, and each job its own --rdzv-endpoint / --master-port")
+        return store, port, node_rank
+
     def _run(self, cluster: ClusterSpec) -> int:
         cfg = self.cfg
-        hosting = cfg.node_rank in (None, 0)
         self.master_addr = cfg.master_addr or (self.netns.host_address if self.netns else cluster.workers[0].address)
-        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if cfg.node_rank is None else None)
+        # one launcher starting every process can make up the secret; several nodes must share one
+        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if self.embedded else None)
         if secret is None:
             raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
         self.secret = secret
         import torch.distributed as dist  # deferred: `hetrain --help` stays fast
 
-        timeout = timedelta(seconds=cfg.comm.rendezvous_timeout_s)
-        if hosting:
-            sock = _listen(self.master_addr, cfg.master_port)
-            self.port = sock.getsockname()[1]
-            store = dist.TCPStore(self.master_addr, self.port, None, True, timeout=timeout, wait_for_workers=False,
-                                  master_listen_fd=sock.fileno())
-            store.set("hetrain/nonce", uuid.uuid4().hex)
-        else:
-            self.port = cfg.master_port
-            store = dist.TCPStore(self.master_addr, self.port, None, False, timeout=timeout)
+        store, self.port, node_rank = self._open_store(dist, self.master_addr,
+                                                       timedelta(seconds=cfg.comm.rendezvous_timeout_s))
         self.store = store
+        self.node_rank = None if self.embedded else node_rank
+        if cfg.assign_node_rank:  # this node's rank is known only now: check its GPUs before starting anything
+            preflight(cluster, build_topology(cluster, cfg.comm.mode), cfg.comm, node_rank)
+        self.my_machines = {m.name for m in cluster.machines if self.node_rank is None or m.node == self.node_rank}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster
-        return self._lead() if hosting else self._follow()
+        return self._lead() if self.node_rank in (None, 0) else self._follow()
 
-    def _spawn(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int) -> Child:
+    def _spawn(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int, local_rank: int, local_world_size: int,
+               cores) -> Child:
         cfg = self.cfg
         env = dict(os.environ)
         env.update(cfg.extra_env)
         env.update(ProcEnv(p.rank, topo.world_size, self.master_addr, self.port, self.job_id,
-                           sub.model_dump_json(), cfg.comm, str(self.run_dir), restart=r).to_environ(self.secret))
+                           sub.model_dump_json(), cfg.comm, str(self.run_dir), local_rank=local_rank,
+                           local_world_size=local_world_size, restart=r).to_environ(self.secret))
         env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+        threads = cores.threads_for(p.rank)
+        if threads:  # the cluster file gave this worker its own cores
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         if self.ratelimit_dir:
             env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
         env["PYTHONUNBUFFERED"] = "1"
@@ -219,6 +329,8 @@ class Launcher:
             argv = [sys.executable, "-u", *cfg.argv]
         else:
             argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
+        if cores.cores_for(p.rank):
+            argv = pin(argv, cores.cores_for(p.rank))
         if self.netns is not None:
             argv = self.netns.wrap(p.machine.name, argv)
         # children start with SIGUSR1 blocked: an early stop request stays pending until
@@ -226,7 +338,7 @@ class Launcher:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         try:
             popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child = Child(p, popen)
@@ -239,7 +351,11 @@ class Launcher:
         import torch.distributed as dist
 
         rstore = dist.PrefixStore(round_prefix(r), self.store)
-        self.children = [self._spawn(p, topo, sub, r) for p in topo.procs if p.machine.name in self.my_machines]
+        local = [p for p in topo.procs if p.machine.name in self.my_machines]
+        cores = self._cores(local)
+        if cores.pinned and r == 0:
+            self._log(f"hetrain: {describe_cores(cores, local)}")
+        self.children = [self._spawn(p, topo, sub, r, i, len(local), cores) for i, p in enumerate(local)]
         if STOP_REQUESTED.is_set():  # asked before the processes existed
             self._forward()
         return rstore
@@ -280,7 +396,8 @@ class Launcher:
             what = (f"mode {cfg.comm.mode}, {len(topo.workers)} workers + {len(topo.servers)} summation servers "
                     f"on {', '.join(names)}")
             if r == 0:
-                self._log(f"hetrain: job {self.job_id}, {what}; this node starts {len(self.children)} processes; "
+                node = "this node " if self.embedded else f"node 0 of {self.cluster.nnodes} "
+                self._log(f"hetrain: job {self.job_id}, {what}; {node}starts {len(self.children)} processes; "
                           f"logs in {self.run_dir}")
             else:
                 self._log(f"hetrain: round {r}: {what}")
@@ -400,6 +517,7 @@ class Launcher:
         for c in self.children:
             live.watch_pid(c.proc.rank, c.popen.pid)
         exits: dict[int, tuple[int, bool]] = {}
+        never_joined_checked = False
         root: tuple[int, str] | None = None
         consequence_since = None
         deadline = None
@@ -465,10 +583,26 @@ class Launcher:
                         self._log(f"hetrain: {topo.describe(rank)} stopped answering: {how}; stopping it")
                         if rank in local:
                             _kill(local[rank], signal.SIGKILL)
+                    elif not _joined(rstore, rank):  # the others wait for it at the rendezvous: nothing to wait for
+                        self._log(f"hetrain: {topo.describe(rank)} exited ({how}) before the job formed; stopping "
+                                  "the others now")
+                        grace = 0.0
                     else:
                         self._log(f"hetrain: {topo.describe(rank)} failed ({how}); waiting up to {grace:.0f}s for "
                                   "the others to stop")
                     deadline = now + grace
+            if root is None and not never_joined_checked and all(w in exits for w in topo.worker_ranks):
+                never_joined_checked = True  # asked once, when the last worker has ended
+                workers_ok = all(exits[w][0] in (0, EXIT_STOPPED) for w in topo.worker_ranks)
+                if workers_ok and len(exits) < len(topo.procs) and \
+                        not any(_joined(rstore, w) for w in topo.worker_ranks):
+                    self._log("hetrain: every worker finished without joining the job (the script never called "
+                              "hetrain.init()); stopping the summation servers")
+                    self._stop_all(grace=3.0)
+                    if remote:
+                        self._teardown_remote(rstore, remote, exits)
+                    for k in range(len(topo.procs)):
+                        exits[k] = (0, False) if k not in topo.worker_ranks else exits[k]
             if len(exits) == len(topo.procs):
                 break
             if deadline is not None and now > deadline:
@@ -519,7 +653,7 @@ class Launcher:
 
     def _end_job(self, rc: int) -> int:
         """Tell the other nodes' launchers the job is over (once)."""
-        if not self._job_over and self.store is not None and self.multinode and self.cfg.node_rank in (None, 0):
+        if not self._job_over and self.store is not None and self.multinode and self.node_rank in (None, 0):
             self._job_over = True
             try:
                 self.store.set(JOB, str(rc))
@@ -533,7 +667,7 @@ class Launcher:
         from .auth import join_tag
 
         cfg, store = self.cfg, self.store
-        node = cfg.node_rank
+        node = self.node_rank
         instance = uuid.uuid4().hex[:12]
         nonce = store.get("hetrain/nonce").decode()
 
@@ -566,7 +700,8 @@ class Launcher:
                         topo = build_topology(sub, cfg.comm.mode)
                         posted = set()
                         rstore = self._start_round(current, sub, topo)
-                        self._log(f"hetrain: round {current}: this node starts {len(self.children)} processes")
+                        self._log(f"hetrain: round {current}: node {node} of {self.cluster.nnodes} starts "
+                                  f"{len(self.children)} processes")
                         left_out_since = None if self.children else time.monotonic()
                     if left_out_since is not None and time.monotonic() - left_out_since > 2 * cfg.comm.timeout_s:
                         join()  # e.g. after a partition healed: prove the secret again to be counted
@@ -601,16 +736,44 @@ class Launcher:
                 posted.add(c.proc.rank)
 
     # ---- output and teardown ------------------------------------------------------------
-    def _pump(self, child: Child) -> None:
+    def _pump(self, child: Child, idle_s: float = 0.2) -> None:
+        """Forward a process's output as it arrives, one line per `\n`- or `\r`-ended
+        piece: progress bars redraw with `\r`, so each redraw shows as its own line while
+        the job runs. Output is read in chunks, not lines (a bar ends its line only when
+        it closes); a piece with no end yet (a bar waiting for its next redraw) is shown
+        once nothing more has arrived for `idle_s`."""
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
-        for raw in child.popen.stdout:
-            # progress bars redraw with \r: show each redraw as its own line
-            for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
-                if not line.strip():
-                    continue
-                child.tail.append(line)
+        fd = child.popen.stdout.fileno()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
+
+        def emit(piece: str) -> None:
+            if piece.strip():
+                child.tail.append(piece)
                 if not self.cfg.quiet:
-                    self._log(f"{prefix} {line}")
+                    self._log(f"{prefix} {piece}")
+
+        while True:
+            if len(pending) > shown and not poller.poll(int(idle_s * 1000)):
+                emit(pending[shown:])
+                shown = len(pending)
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            pieces = re.split(r"[\r\n]", pending + decoder.decode(data))
+            pending = pieces.pop()
+            if pieces:
+                emit(pieces[0][shown:])
+                for piece in pieces[1:]:
+                    emit(piece)
+                shown = 0
+        emit(pending[shown:] + decoder.decode(b"", final=True))
 
     def _log(self, text: str) -> None:
         with self._print_lock:
@@ -639,6 +802,15 @@ class RoundResult:
     names: list[str] = field(default_factory=list)
     commits: int = 0
     joining: list[str] = field(default_factory=list)
+
+
+def _joined(rstore, rank: int) -> bool:
+    """Whether `rank` got past the rendezvous (hetrain.init() marks it in the round's
+    store); True when the store cannot say, so the ordinary grace applies."""
+    try:
+        return bool(rstore.check([f"hetrain/joined/{rank}"]))
+    except Exception:
+        return True
 
 
 def _kill(child: Child, sig: int) -> None:

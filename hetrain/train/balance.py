@@ -48,10 +48,12 @@ class BalanceConfig:
 
 def memory_caps(memory: list[float], cfg: BalanceConfig) -> np.ndarray:
     """Most samples each worker's free memory holds (a huge number when uncapped)."""
+    huge = np.iinfo(np.int64).max // (4 * max(1, len(memory)))  # caps.sum() must not wrap either
     if cfg.memory_per_sample <= 0:
-        return np.full(len(memory), np.iinfo(np.int64).max // 4, dtype=np.int64)
+        return np.full(len(memory), huge, dtype=np.int64)
     free = np.maximum(0.0, np.asarray(memory, dtype=float) - cfg.reserved_bytes)
-    return np.floor(free / cfg.memory_per_sample).astype(np.int64)
+    # infinite memory (a worker without a cluster file) stays a huge count instead of wrapping when cast
+    return np.floor(np.minimum(free / cfg.memory_per_sample, huge)).astype(np.int64)
 
 
 def balanced_sizes(global_batch: int, speeds, caps, min_samples: int = 1, labels=None,
@@ -126,7 +128,7 @@ class Balancer:
         self.global_batch = global_batch
         if memory is None:
             memory = [p.machine.device.memory for p in ctx.topology.workers] if ctx.topology else [float("inf")]
-        self.labels = [p.machine.name for p in ctx.topology.workers] if ctx.topology else ["w0"]
+        self.labels = ctx.topology.worker_labels if ctx.topology else ["w0"]
         self.caps = memory_caps(memory, self.cfg)
         self._mine: deque = deque(maxlen=self.cfg.window)
         self.speeds = np.zeros(self.n)  # last agreed samples/s per worker (0 = not measured yet)

@@ -29,10 +29,10 @@ def shares(total, n):
     return sizes
 
 
-def single_process():
+def single_process(momentum: float = 0.9):
     x, y = data()
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     for step in range(STEPS):
         idx = global_batch(step)
         opt.zero_grad()
