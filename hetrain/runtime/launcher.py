@@ -389,10 +389,11 @@ class Launcher:
                           f"{el.min_workers}; left out: {', '.join(self.membership.left_out())}")
                 return self._end_job(1)
             names = [m.name for m in sub.machines]
+            # the round's admission nonce exists before any of its processes asks for it
+            self.store.set(f"{round_prefix(r)}/hetrain/nonce", uuid.uuid4().hex)
             if self.multinode:
                 publish_round(self.store, r, names)
             rstore = self._start_round(r, sub, topo)
-            rstore.set("hetrain/nonce", uuid.uuid4().hex)
             what = (f"mode {cfg.comm.mode}, {len(topo.workers)} workers + {len(topo.servers)} summation servers "
                     f"on {', '.join(names)}")
             if r == 0:
@@ -657,6 +658,12 @@ class Launcher:
             self._job_over = True
             try:
                 self.store.set(JOB, str(rc))
+                # the store lives in this process: keep it up until the connected nodes read the end
+                nodes = list(getattr(self, "node_instance", {}))
+                end = time.monotonic() + 10
+                while nodes and time.monotonic() < end:
+                    nodes = [k for k in nodes if not self.store.check([f"{JOB}/ack/{k}"])]
+                    time.sleep(0.1)
             except Exception:
                 pass
         self._job_over = True
@@ -687,6 +694,7 @@ class Launcher:
                 try:
                     if store.check([JOB]):
                         rc = int(store.get(JOB).decode())
+                        store.set(f"{JOB}/ack/{node}", "1")
                         self._stop_all(grace=3.0)
                         self._log(f"hetrain: the job ended (exit code {rc})")
                         return rc
