@@ -15,7 +15,8 @@ lets it train a random 1-3 s (random steps), and injects the next:
     link-down         `ip link set <veth> down` on a random machine's link for 3 s
     rogue-join        a process without the job secret asks to join (join request) and
                       tries to claim rank 0 of the running round
-    truncated-commit  a worker is killed and the newest commit file on its machine is
+    truncated-commit  a worker that writes a replica of the commits (ranks 0 and 1, in
+                      turn) is killed and the newest commit file on its machine is
                       truncated to half (a torn write), beside a partial temporary file
                       (a writer killed mid-write)
     garbage           random bytes sent to every listening port of a random summation
@@ -63,16 +64,17 @@ RESTARTING = ("kill-worker", "kill-server", "stop-worker", "stop-server", "trunc
 LINK_DOWN_S = 3.0
 
 ROGUE = r"""
-import json, sys, uuid
+import json, sys, time, uuid
 from datetime import timedelta
 import torch.distributed as dist
 addr, port, rnd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = dist.TCPStore(addr, port, None, False, timeout=timedelta(seconds=10))
+at = time.time()  # when the impostor reaches the job (its own start-up does not count)
 n = s.add("hetrain/joins", 1) - 1  # ask to join as node 1 with a made-up proof
 s.set(f"hetrain/join/{n}", json.dumps({"node": 1, "instance": uuid.uuid4().hex[:12], "proof": "0" * 64}))
 fake = "f" * 64  # and try to take rank 0 of the running round
 got = s.compare_set(f"round{rnd}/hetrain/auth/0", "", fake).decode()
-print(json.dumps({"claimed_rank0": got == fake}))
+print(json.dumps({"claimed_rank0": got == fake, "at": at}))
 """
 
 
@@ -253,19 +255,22 @@ def send_garbage(addr: str, port: int, rng: random.Random) -> bool:
         return False
 
 
-def inject(job: Job, kind: str, rnd: int, rng: random.Random, fault: Fault) -> dict:
-    """Do it; returns what the outcome check needs."""
+def inject(job: Job, kind: str, rnd: int, rng: random.Random, fault: Fault, nth: int = 0) -> dict:
+    """Do it; returns what the outcome check needs (t_inj: when the fault hit, if later
+    than the call; t_end: when the disturbance ended, for faults that do not restart)."""
     procs = job.procs(rnd)
     workers = sorted(r for r, (_, p, _) in procs.items() if p.role == "worker")
     servers = sorted(r for r, (_, p, _) in procs.items() if p.role == "server")
-    info: dict = {"t_end": None}
+    info: dict = {"t_end": None, "nth": nth}
     if kind in ("kill-worker", "stop-worker", "kill-server", "stop-server"):
         rank = rng.choice(workers if kind.endswith("worker") else servers)
         pid, proc, _ = procs[rank]
         fault.victim = describe(proc)
         os.kill(pid, signal.SIGKILL if kind.startswith("kill") else signal.SIGSTOP)
     elif kind == "truncated-commit":
-        rank = workers[0]  # rank 0 writes a replica on its own machine
+        # ranks 0 and 1 each write a replica on their own machine: alternate between them
+        # (a machine that fails with its own copy torn; the other machine's copy is intact)
+        rank = workers[nth % min(2, len(workers))]
         pid, proc, _ = procs[rank]
         fault.victim = describe(proc)
         os.kill(pid, signal.SIGKILL)
@@ -292,6 +297,11 @@ def inject(job: Job, kind: str, rnd: int, rng: random.Random, fault: Fault) -> d
         out = subprocess.run([sys.executable, "-c", ROGUE, addr, str(port), str(rnd)], capture_output=True,
                              text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
         claimed = '"claimed_rank0": true' in out.stdout
+        try:
+            at = json.loads(out.stdout.strip().splitlines()[-1])["at"]
+            info["t_inj"] = time.monotonic() - (time.time() - at)
+        except (ValueError, KeyError, IndexError):
+            pass
         fault.victim = "impostor without the secret"
         fault.note = "took rank 0's slot!" if claimed else "could not take rank 0's slot"
         info["t_end"] = time.monotonic()
@@ -380,8 +390,8 @@ def campaign(kind: str, n: int, work: Path, timeout: float, rng: random.Random, 
             before = job.poll_commit() or c
             fault = Fault(kind, round=job.current_round())
             t_inj = time.monotonic()
-            info = inject(job, kind, fault.round, rng, fault)
-            outcome(job, kind, fault, t_inj, before, info, limit=timeout + 150)
+            info = inject(job, kind, fault.round, rng, fault, nth=i)
+            outcome(job, kind, fault, info.get("t_inj") or t_inj, before, info, limit=timeout + 150)
             faults.append(fault)
             log(f"  {kind} #{i + 1}: {fault.victim}: recovered={fault.recovered} in {fault.recover_s or 0:.1f} s, "
                 f"reported={fault.reported} in {fault.report_s or 0:.1f} s, lost={fault.lost_updates}, "
