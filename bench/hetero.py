@@ -14,10 +14,17 @@ Four measurements, each a real `hetrain launch` of `bench/hetero_worker.py`:
                 step time with and without overlap, beside compute-only and
                 communication-only times.
   quant         bytes per step and final test accuracy for fp32, fp16, int8, int4.
+  real          real compute, no cost model and no sleeps: 3 workers train a width-512
+                digits MLP, worker i repeating its real forward and backward w_i = 1, 2, 4
+                times; hetrain with measured shares, hetrain with equal shares and PyTorch
+                DDP with equal shares, in one run: samples/s and the compute spread per
+                step (slowest worker's compute / fastest's, median over steps after the
+                fits settle). The host's load average is recorded beside the figures.
 
-Honesty notes, printed with the results: compute uses a calibrated device model
-(b samples cost b × c / speed seconds, sleep fills in after the real compute) because
-real compute on this shared 2-core host is too noisy for stable ratios; repeats run
+Honesty notes, printed with the results: straggler and interference use a calibrated
+device model (b samples cost b × c / speed seconds, sleep fills in after the real
+compute) so their ratios are stable on a shared host; `real` does not, and says under
+what load it ran; repeats run
 inside one launch (fresh model each), medians reported; quant accuracy uses real
 compute and equal shares so codecs are the only difference between runs.
 """
@@ -177,14 +184,60 @@ def quant(tmp, q) -> list[dict]:
     return rows
 
 
+def _spread_median(per_rank_times, sizes, skip) -> float:
+    """Median over steps (after `skip`) of max/min per-rank time over the ranks with samples."""
+    t = np.asarray(per_rank_times, dtype=float).T  # steps x ranks
+    b = np.asarray(sizes, dtype=float)[: len(t)]
+    out = []
+    for k in range(skip, len(t)):
+        v = t[k][(b[k] > 0) & (t[k] > 0)]
+        if len(v):
+            out.append(v.max() / v.min())
+    return float(np.median(out)) if out else float("nan")
+
+
+def real(tmp, q) -> dict:
+    """Real compute, no cost model, no sleeps: 3 workers train a width-W digits MLP; worker
+    i repeats its real forward and backward w_i = 1, 2, 4 times (a device w_i times slower
+    in every part of its compute). Balanced (measured) vs equal shares in hetrain (same
+    measurement), and PyTorch DDP with equal shares, in one run."""
+    work, width, gb = [1, 2, 4], 512, 512
+    steps, skip = (40, 12) if q else (80, 16)
+    load_before = os.getloadavg()
+    cl = _cluster([{"speed": 1.0}] * 3)
+    args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0", "--repeats", "1",
+            "--work", ",".join(map(str, work)), "--width", str(width), "--lr", "0.05"]
+    res = {"balanced": _launch(tmp, "real-balanced", cl, "ps", args + ["--balance", "measured"]),
+           "equal": _launch(tmp, "real-equal", cl, "ps", args + ["--balance", "equal"]),
+           "ddp": _launch(tmp, "real-ddp", cl, "allreduce", args + ["--balance", "equal", "--ddp"])}
+    load_after = os.getloadavg()
+    out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip,
+           "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
+           "host": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]}}
+    for k, r in res.items():
+        run = r["runs"][0]
+        row = {"samples_per_s": _steady_sps(run, gb, skip),
+               "fwd_bwd_spread": _spread_median(run["fwd_bwd_s"], run["sizes"], skip),
+               "final_shares": run["sizes"][-1], "final_acc": run["final_acc"]}
+        if run["spreads"]:
+            sp = np.asarray(run["spreads"][skip:], dtype=float)
+            row["compute_spread"] = float(np.nanmedian(sp))
+            row["compute_spread_p90"] = float(np.nanpercentile(sp, 90))
+        out[k] = row
+    out["speedup_vs_ddp"] = out["balanced"]["samples_per_s"] / out["ddp"]["samples_per_s"]
+    out["speedup_vs_equal"] = out["balanced"]["samples_per_s"] / out["equal"]["samples_per_s"]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats and a lower accuracy target (~5 min)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--only", nargs="*", choices=["straggler", "interference", "overlap", "quant"])
+    ap.add_argument("--only", nargs="*", choices=["straggler", "interference", "overlap", "quant", "real"])
     a = ap.parse_args(argv)
-    todo = a.only or ["straggler", "interference", "overlap", "quant"]
-    out: dict = {"notes": ["compute: calibrated device model (b x cost / speed s; sleep fills in) except quant",
+    todo = a.only or ["straggler", "interference", "overlap", "quant", "real"]
+    out: dict = {"notes": ["compute: calibrated device model (b x cost / speed s; sleep fills in) in straggler and "
+                           "interference; real compute in quant and real",
                            "repeats run inside one launch, fresh model each; medians reported"]}
     with tempfile.TemporaryDirectory(prefix="hetero-bench-") as d:
         tmp = Path(d)
@@ -202,6 +255,10 @@ def main(argv=None) -> int:
         if "quant" in todo:
             print("quant: fp32, fp16, int8, int4", flush=True)
             out["quant"] = quant(tmp, a.quick)
+        if "real" in todo:
+            print("real: real compute, work 1, 2, 4 (repeated real forward/backward); balanced vs equal vs DDP",
+                  flush=True)
+            out["real"] = real(tmp, a.quick)
     _table(out)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
@@ -242,6 +299,21 @@ def _table(out: dict) -> None:
         for r in out["quant"]:
             print(f"{r['codec']:<7}{r['bytes_per_step']:>12.0f}{r['bytes_ratio']:>8.3f}{r['accuracy']:>10.4f}"
                   f"{r['accuracy_drop_points']:>10.2f}")
+    if "real" in out:
+        r = out["real"]
+        print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, "
+              f"{r['steps']} steps, medians after step {r['skip']}; host: {r['host']['cpus']} CPUs, load "
+              f"{r['host']['loadavg_1min_before']:.1f} -> {r['host']['loadavg_1min_after']:.1f}) ==")
+        print(f"{'run':<26}{'samples/s':>11}{'compute spread':>16}{'p90':>7}{'fwd+bwd spread':>16}  final shares")
+        for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
+                         ("ddp", "PyTorch DDP equal shares")):
+            x = r[k]
+            cs = f"{x['compute_spread']:.3f}" if "compute_spread" in x else "-"
+            p9 = f"{x['compute_spread_p90']:.2f}" if "compute_spread_p90" in x else "-"
+            fb = f"{x['fwd_bwd_spread']:.3f}" if k != "ddp" else "-"
+            print(f"{label:<26}{x['samples_per_s']:>11.1f}{cs:>16}{p9:>7}{fb:>16}  {x['final_shares']}")
+        print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
+              f"(proportional ideal {r['ideal_speedup']:.2f}x); spread bar 1.10, goal 1.05")
     for n in out.get("notes", []):
         print("note:", n)
 

@@ -310,10 +310,13 @@ class Balancer:
         self.labels = labels or ([p.machine.name for p in topo.workers] if topo else [f"w{i}" for i in range(self.n)])
         self.device = device or torch.device("cpu")
         self.devices = self._exchange_devices(memory)
-        if caps is None:
-            caps = memory_caps([d.memory for d in self.devices], self.cfg, self.global_batch)
-        self.caps = np.minimum(np.asarray(caps, dtype=np.int64), self.global_batch)
-        self._check_smallest_share()
+        mem_caps = memory_caps([d.memory for d in self.devices], self.cfg, self.global_batch)
+        self._check_smallest_share(mem_caps)
+        if caps is not None:  # the user's own limits, on top of what memory allows
+            if len(caps) != self.n or any(int(c) < 0 for c in caps):
+                raise UserError(f"max_samples needs one limit >= 0 per worker ({self.n}), got {list(caps)}")
+            mem_caps = np.minimum(mem_caps, np.asarray(caps, dtype=np.int64))
+        self.caps = np.minimum(mem_caps, self.global_batch)
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
         self.rows = np.zeros((self.n, 0))  # the extra numbers gathered with the last update
@@ -354,11 +357,11 @@ class Balancer:
         rows = self._gather(row)
         return [WorkerDevice(float(r[0]), SOURCES[int(r[1])], bool(r[2]), int(r[3]), int(r[4])) for r in rows]
 
-    def _check_smallest_share(self) -> None:
+    def _check_smallest_share(self, caps) -> None:
         if self.cfg.memory_per_sample <= 0 or self.cfg.min_samples == 0:
             return
         want = min(self.cfg.min_samples, max(1, self.global_batch // self.n))
-        for lab, dev, cap in zip(self.labels, self.devices, self.caps):
+        for lab, dev, cap in zip(self.labels, self.devices, caps):
             if cap >= want:
                 continue
             need = self.cfg.reserved_bytes + want * self.cfg.memory_per_sample

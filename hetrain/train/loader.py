@@ -80,7 +80,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                  device: torch.device | None = None, drop_last: bool = False,
                  balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
                  memory_per_sample: float = 0.0, reserved_bytes: float = 0.0, logger=None,
-                 group: WorkerGroup | None = None, ctx=None):
+                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None):
         if num_samples < 1:
             raise UserError(f"the dataset is empty (0 samples); BalancedLoader needs at least {global_batch}")
         if global_batch < 1:
@@ -108,7 +108,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         cfg = BalanceConfig(**{**base.__dict__, "policy": balance if lockstep else "equal",
                                "memory_per_sample": memory_per_sample or base.memory_per_sample,
                                "reserved_bytes": reserved_bytes or base.reserved_bytes})
-        self.balancer = Balancer(ctx, global_batch, cfg, device=self.device, gather=group.gather,
+        self.balancer = Balancer(ctx, global_batch, cfg, device=self.device, gather=group.gather, caps=max_samples,
                                  num_workers=group.size, labels=list(group.labels) or None, lockstep=lockstep)
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
@@ -219,6 +219,7 @@ class BalancedLoader:
                      takes at most a quarter of the free memory).
       balance        "measured" (default) or "equal" (fixed equal shares, still measured).
       config         `BalanceConfig` (window, recent, every, min_samples).
+      max_samples    optional per-worker limits on top of memory (0: the worker sits out).
       logger         a `hetrain.train.metrics.StepLogger`: per-step shares, times, bytes
                      and the compute-time spread go to TensorBoard and steps.jsonl.
       seed, drop_last, collate_fn   as for a DataLoader (the epoch's order is seeded by
@@ -233,7 +234,7 @@ class BalancedLoader:
                  device: torch.device | str | None = None, preload: bool | None = None,
                  balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
                  logger=None, seed: int = 0, drop_last: bool = False, collate_fn=None,
-                 group: WorkerGroup | None = None, ctx=None):
+                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None):
         if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
             dataset = torch.utils.data.TensorDataset(*dataset)
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -271,7 +272,7 @@ class BalancedLoader:
         self.batches = BalancedBatchSampler(len(dataset), global_batch, seed=seed, optimizer=optimizer,
                                             device=self.device, drop_last=drop_last, balance=balance, config=config,
                                             memory_per_sample=memory_per_sample, reserved_bytes=reserved_bytes,
-                                            logger=logger, group=group, ctx=ctx)
+                                            logger=logger, max_samples=max_samples, group=group, ctx=ctx)
         if self._tensors is not None and self.device.type != "cpu":
             size = sum(t.numel() * t.element_size() for t in self._tensors)
             if preload is None:

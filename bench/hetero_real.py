@@ -1,0 +1,379 @@
+"""Real heterogeneity: this host's GPU and its CPU cores as workers of one job, balanced
+by measured step times (needs CUDA; elsewhere it exits 0 saying why).
+
+  PYTHONPATH=. python bench/hetero_real.py [--quick] [--json PATH] [--png PATH]
+
+One `hetrain launch` (mode ps, 2 CPU summation servers) of this file as the worker on
+a cluster of one GPU worker (`cuda: true`) and `--cpu-workers` CPU workers with
+`--threads` threads each, pinned to their own cores. All phases run in that one launch,
+on a width-`--width` MLP (256 inputs, 3 hidden layers, 10 classes; synthetic data
+labelled by a fixed random teacher):
+
+  calibrate   every worker times local steps (no communication) at a few batch sizes
+              and fits fixed + per-sample seconds; one push_pull is timed. The global
+              batch B is chosen so a balanced step computes for about
+              max(--step-s, 20 x the push_pull time): communication stays a few percent.
+  gpu_local   the GPU worker trains alone at batch B, no communication (a one-GPU job).
+  gpu         the job with only the GPU given samples (the CPU workers sit out with 0)
+  cpu         the job with only the CPU workers given samples (balanced among them)
+  mixed       GPU + CPU workers, balanced (BalancedLoader, measured shares)
+
+gpu / cpu / mixed run through the same BalancedLoader and push_pull, so every part pays
+the same communication; ideal = gpu_sps + cpu_sps. Each phase: warm-up steps (the fits
+settle), then measured steps; samples/s = B x steps / wall time of the measured steps;
+compute spread = median over measured steps of the slowest worker's compute / the
+fastest's (workers with samples). Targets: mixed >= 0.85 of ideal (goal 0.95), spread
+<= 1.10 (goal 1.05).
+
+HeterPS on real devices: a separate section (`--heterps`), not measured yet; it says so.
+
+`--cpu-dry-run` runs the same flow with the "GPU" worker on the CPU, at toy sizes, to
+check the orchestration on a host without CUDA; its figures are not results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+HETERPS_NOTE = ("HeterPS on real devices: not measured yet (layer placement over this host's GPU and CPU "
+                "workers; to be added to this benchmark)")
+
+
+# ---------------------------------------------------------------- the worker (launched) --
+
+def _pin_cpu_worker(index: int, threads: int, reserve: int) -> list[int]:
+    """Give CPU worker `index` its own `threads` cores (from the top of this process's
+    allowed cores, leaving the lowest `reserve` for the GPU worker, servers and launcher)
+    and as many torch threads. The launcher's per-machine `threads:` will take this over."""
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0))
+    usable = cores[reserve:] if len(cores) > reserve + threads else cores
+    start = len(usable) - (index + 1) * threads
+    mine = usable[max(0, start): max(0, start) + threads] or usable[-threads:]
+    os.sched_setaffinity(0, mine)
+    torch.set_num_threads(len(mine))
+    return mine
+
+
+def _mlp(width: int, inputs: int = 256, classes: int = 10, depth: int = 3):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    layers, d = [], inputs
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, classes))
+
+
+def _data(n: int, inputs: int = 256, classes: int = 10):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, inputs, generator=g)
+    teacher = torch.randn(inputs, classes, generator=g)
+    return x, (x @ teacher).argmax(1)
+
+
+def worker(a) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import hetrain
+    from hetrain.runtime.device import describe_device, local_device, synchronize
+    from hetrain.train.balance import BalanceConfig, StepTimeModel, solve_shares
+    from hetrain.train.loader import BalancedLoader
+
+    ctx = hetrain.init()
+    rank, n = hetrain.rank(), hetrain.size()
+    device = local_device(ctx)
+    is_gpu = device.type == "cuda"
+    cpu_index = rank - 1  # rank 0 is the GPU machine in this cluster
+    if rank > 0:
+        cores = _pin_cpu_worker(cpu_index, a.threads, reserve=a.reserve_cores)
+    else:
+        torch.set_num_threads(1)
+        cores = sorted(os.sched_getaffinity(0))
+    model = _mlp(a.width)
+    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
+    model.to(device)
+    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
+                                       named_parameters=model.named_parameters())
+    local_opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+    group = ctx.worker_group
+
+    def gather(values) -> np.ndarray:
+        t = torch.tensor(values, dtype=torch.float64)
+        out = [torch.zeros_like(t) for _ in range(n)]
+        dist.all_gather(out, t, group=group)
+        return torch.stack(out).numpy()
+
+    def local_step(x, y) -> None:
+        local_opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        local_opt.step()
+
+    def timed_local(b: int, reps: int) -> float:
+        x, y = _data(b)
+        x, y = x.to(device), y.to(device)
+        local_step(x, y)  # warm-up: kernels, allocator
+        synchronize(device)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            local_step(x, y)
+            synchronize(device)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    # -- calibrate: fixed + per-sample per worker (local), and one push_pull
+    fit = StepTimeModel(window=32, recent=3)
+    for b in a.calib_batches:
+        fit.add(b, timed_local(b, a.calib_reps))
+    fixed, per = fit.fit()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    named = [(nm, p.grad) for nm, p in model.named_parameters()]
+    hetrain.engine().push_pull(named, weight=1)  # warm-up: layouts, connections
+    comm = []
+    for _ in range(3):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        hetrain.engine().push_pull(named, weight=1)
+        synchronize(device)
+        comm.append(time.perf_counter() - t0)
+    rows = gather([fixed, per, float(np.median(comm)), float(is_gpu), float(len(cores))])
+    comm_s = float(rows[:, 2].max())
+    step_s = min(max(a.step_s, 20 * comm_s), a.max_step_s)
+    fixed_all, per_all = rows[:, 0], rows[:, 1]
+    big = 10**9
+    # the global batch whose balanced step computes for about step_s
+
+    def level(bsz: int) -> float:
+        sizes = solve_shares(bsz, fixed_all, per_all, [big] * n, 0)
+        return float((fixed_all + per_all * sizes)[sizes > 0].max())
+
+    lo, hi = 64, 64
+    while level(hi) < step_s and hi < a.max_batch:
+        lo, hi = hi, hi * 2
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if level(mid) < step_s else (lo, mid)
+    B = int(min(hi, a.max_batch)) // 64 * 64 or 64
+    x_all, y_all = _data(max(2 * B, 4096))
+    out: dict = {"calibration": {"fixed_s": fixed_all.tolist(), "per_sample_s": per_all.tolist(),
+                                 "samples": a.calib_batches, "push_pull_s": comm_s, "step_s_target": step_s,
+                                 "global_batch": B},
+                 "workers": [p.machine.name for p in ctx.topology.workers]}
+
+    # -- gpu_local: the GPU worker alone, no communication
+    if rank == 0:
+        xb, yb = x_all[:B].to(device), y_all[:B].to(device)
+        local_step(xb, yb)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            local_step(xb, yb)
+        synchronize(device)
+        out["gpu_local_sps"] = B * a.steps / (time.perf_counter() - t0)
+        del xb, yb
+    dist.barrier(group=group)
+
+    # -- the three in-job phases, through the same BalancedLoader and push_pull
+    phases = {"gpu": [B] + [0] * (n - 1), "cpu": [0] + [B] * (n - 1), "mixed": [B] * n}
+    total = a.warmup + a.steps
+    for k, (name, limit) in enumerate(phases.items()):
+        loader = BalancedLoader((x_all, y_all), B, optimizer=opt, device=device, model=model,
+                                max_samples=limit, config=BalanceConfig(window=a.window),
+                                seed=k)
+        stamps = []
+        step = 0
+        while step < total:
+            for x, y in loader:
+                opt.zero_grad()
+                if len(x):
+                    F.cross_entropy(model(x), y).backward()
+                opt.step()
+                stamps.append(time.perf_counter())
+                step += 1
+                if step >= total:
+                    break
+        loader.batches._end()  # close the last step (measured and exchanged like the others)
+        stamps = np.asarray(stamps)
+        wall = stamps[-1] - stamps[a.warmup - 1]
+        sp = np.asarray(loader.spreads[a.warmup:], dtype=float)
+        out[name] = {"sps": B * (len(stamps) - a.warmup) / wall,
+                     "shares": [h.tolist() for h in loader.balancer.history],
+                     "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
+                     "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
+                     "fits": loader.balancer.fits.tolist()}
+        if name == "mixed":
+            out["devices"] = [d.label() for d in loader.balancer.devices]
+    if rank == 0:
+        out["gpu_name"] = describe_device(device)
+        Path(a.out).write_text(json.dumps(out))
+    hetrain.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------ the driver --
+
+def _cluster(cpu_workers: int, servers: int, dry_run: bool) -> dict:
+    machines = [{"name": "gpu0", "role": "worker", "device": {"kind": "cuda", "cuda": not dry_run}}]
+    machines += [{"name": f"cpu{i}", "role": "worker", "device": {"kind": "cpu"}} for i in range(cpu_workers)]
+    machines += [{"name": f"c{j}", "role": "cpu"} for j in range(servers)]
+    return {"name": "gpu-host", "machines": machines}
+
+
+def _png(path: Path, res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), sharey=True)
+    labels = res["workers"]
+    for ax, name in zip(axes, ("gpu", "cpu", "mixed")):
+        sh = np.asarray(res[name]["shares"], dtype=float)
+        frac = sh / np.maximum(sh.sum(1, keepdims=True), 1)
+        ax.stackplot(np.arange(len(frac)), frac.T, labels=[f"{lab} ({d})" for lab, d in
+                                                            zip(labels, res.get("devices") or labels)])
+        ax.set(title=f"{name}: {res[name]['sps']:.0f} samples/s", xlabel="step", ylim=(0, 1))
+    axes[0].set_ylabel("share of the global batch")
+    axes[-1].legend(loc="lower right", fontsize="small")
+    fig.suptitle(f"Shares over time (global batch {res['calibration']['global_batch']})")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _report(res: dict, a) -> dict:
+    gpu, cpu, mixed = res["gpu"]["sps"], res["cpu"]["sps"], res["mixed"]["sps"]
+    ideal = gpu + cpu
+    summary = {"gpu_sps": gpu, "cpu_sps": cpu, "mixed_sps": mixed, "ideal_sps": ideal,
+               "efficiency": mixed / ideal, "gpu_local_sps": res.get("gpu_local_sps"),
+               "speedup_vs_gpu_local": mixed / res["gpu_local_sps"] if res.get("gpu_local_sps") else None,
+               "cpu_over_gpu": cpu / gpu, "compute_spread": res["mixed"]["spread_median"],
+               "compute_spread_p90": res["mixed"]["spread_p90"], "global_batch": res["calibration"]["global_batch"],
+               "final_shares": res["mixed"]["shares"][-1]}
+    c = res["calibration"]
+    print(f"\n== real heterogeneity: {res.get('gpu_name', '?')} + {a.cpu_workers} CPU workers x {a.threads} threads; "
+          f"width-{a.width} MLP; global batch {summary['global_batch']} ==")
+    print(f"calibration (local, no communication): fixed s {np.round(c['fixed_s'], 4).tolist()}, "
+          f"per-sample us {np.round(np.asarray(c['per_sample_s']) * 1e6, 2).tolist()}; "
+          f"push_pull {c['push_pull_s'] * 1e3:.1f} ms; step target {c['step_s_target']:.2f} s")
+    print(f"{'run':<34}{'samples/s':>12}{'spread':>9}{'p90':>7}  final shares")
+    rows = [("GPU worker alone (no comm)", summary["gpu_local_sps"], None, None, None),
+            ("GPU only (in the job)", gpu, res["gpu"]["spread_median"], res["gpu"]["spread_p90"],
+             res["gpu"]["shares"][-1]),
+            ("CPU workers only (in the job)", cpu, res["cpu"]["spread_median"], res["cpu"]["spread_p90"],
+             res["cpu"]["shares"][-1]),
+            ("GPU + CPU, balanced", mixed, summary["compute_spread"], summary["compute_spread_p90"],
+             summary["final_shares"]),
+            ("ideal (GPU only + CPU only)", ideal, None, None, None)]
+    for label, sps, spr, p90, sh in rows:
+        f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        print(f"{label:<34}{(sps or float('nan')):>12.0f}{f(spr):>9}{(f(p90) if p90 is not None else '-'):>7}  "
+              f"{sh if sh is not None else ''}")
+    print(f"mixed / ideal = {summary['efficiency']:.3f} (bar 0.85, goal 0.95); compute spread "
+          f"{summary['compute_spread'] if summary['compute_spread'] is None else round(summary['compute_spread'], 3)} "
+          f"(bar 1.10, goal 1.05); CPU workers add {100 * summary['cpu_over_gpu']:.0f}% of the GPU's samples/s")
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--png", help="shares over time (default: next to --json, else hetero_real_shares.png)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--cpu-workers", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=4, help="threads (own cores) per CPU worker")
+    ap.add_argument("--reserve-cores", type=int, default=2, help="lowest cores left to the GPU worker and servers")
+    ap.add_argument("--step-s", type=float, default=0.5, help="balanced compute per step to aim for (seconds)")
+    ap.add_argument("--max-step-s", type=float, default=3.0)
+    ap.add_argument("--max-batch", type=int, default=262144)
+    ap.add_argument("--heterps", action="store_true", help="the HeterPS-on-real-devices section (not measured yet)")
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="no GPU: run the flow with the GPU worker on the CPU at toy sizes (not results)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--window", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--lr", type=float, default=0.01, help=argparse.SUPPRESS)
+    ap.add_argument("--calib-batches", type=int, nargs="+", default=[256, 1024, 4096, 16384], help=argparse.SUPPRESS)
+    ap.add_argument("--calib-reps", type=int, default=5, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        return worker(a)
+
+    import torch
+
+    out: dict = {"heterps": {"status": "not measured", "note": HETERPS_NOTE}}
+    if not torch.cuda.is_available() and not a.cpu_dry_run:
+        reason = "hetero_real: needs CUDA (torch.cuda.is_available() is False on this host); nothing measured"
+        print(reason)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"skipped": reason, **out}, indent=2))
+        return 0
+    if a.cpu_dry_run:
+        a.width, a.cpu_workers, a.threads, a.reserve_cores = min(a.width, 128), min(a.cpu_workers, 2), 1, 0
+        a.step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.05, 1024, [16, 64, 256], 2
+    steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
+    warmup = a.warmup or (4 if a.cpu_dry_run else (8 if a.quick else 12))
+    with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
+        tmp = Path(d)
+        import yaml
+
+        (tmp / "cluster.yaml").write_text(yaml.safe_dump(_cluster(a.cpu_workers, 2, a.cpu_dry_run)))
+        res_path = tmp / "res.json"
+        cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(tmp / "cluster.yaml"),
+               "--mode", "ps", "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
+               "--worker", "--out", str(res_path), "--width", str(a.width), "--threads", str(a.threads),
+               "--reserve-cores", str(a.reserve_cores), "--step-s", str(a.step_s), "--max-step-s",
+               str(a.max_step_s), "--max-batch", str(a.max_batch), "--steps", str(steps), "--warmup", str(warmup),
+               "--window", str(a.window), "--lr", str(a.lr), "--calib-reps", str(a.calib_reps),
+               "--calib-batches", *map(str, a.calib_batches)]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:], proc.stderr[-3000:])
+            return proc.returncode
+        res = json.loads(res_path.read_text())
+    print(f"[launch: {time.perf_counter() - t0:.0f}s]")
+    out["mixed"] = _report(res, a)
+    out["phases"] = {k: res[k] for k in ("gpu", "cpu", "mixed")}
+    out["calibration"] = res["calibration"]
+    out["config"] = {"width": a.width, "cpu_workers": a.cpu_workers, "threads": a.threads, "steps": steps,
+                     "warmup": warmup, "devices": res.get("devices"), "gpu": res.get("gpu_name"),
+                     "dry_run_on_cpu": a.cpu_dry_run, "host_cpus": os.cpu_count()}
+    if a.cpu_dry_run:
+        out["note"] = "CPU dry run: the 'GPU' worker ran on the CPU at toy sizes; these figures are not results"
+        print(out["note"])
+    if a.heterps:
+        print(HETERPS_NOTE)
+    png = Path(a.png) if a.png else (Path(a.json).with_name(Path(a.json).stem + "_shares.png") if a.json
+                                     else Path("hetero_real_shares.png"))
+    _png(png, res)
+    print(f"shares over time: {png}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
