@@ -199,31 +199,37 @@ def _spread_median(per_rank_times, sizes, skip) -> float:
 def real(tmp, q) -> dict:
     """Real compute, no cost model, no sleeps: 3 workers train a width-W digits MLP; worker
     i repeats its real forward and backward w_i = 1, 2, 4 times (a device w_i times slower
-    in every part of its compute). Balanced (measured) vs equal shares in hetrain (same
-    measurement), and PyTorch DDP with equal shares, in one run."""
+    in every part of its compute). hetrain with measured shares, hetrain with equal shares
+    (same measurement) and PyTorch DDP with equal shares run interleaved in one launch
+    (mode allreduce: no server processes), so the host's load drifts hit all three alike."""
     work, width, gb = [1, 2, 4], 512, 512
-    steps, skip = (40, 12) if q else (80, 16)
+    steps, skip, reps = (30, 12, 2) if q else (50, 16, 3)
     load_before = os.getloadavg()
-    cl = _cluster([{"speed": 1.0}] * 3)
-    args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0", "--repeats", "1",
+    cl = _cluster([{"speed": 1.0}] * 3, cpus=0)
+    args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0",
+            "--repeats", str(reps), "--interleave", "balanced,equal,ddp",
             "--work", ",".join(map(str, work)), "--width", str(width), "--lr", "0.05"]
-    res = {"balanced": _launch(tmp, "real-balanced", cl, "ps", args + ["--balance", "measured"]),
-           "equal": _launch(tmp, "real-equal", cl, "ps", args + ["--balance", "equal"]),
-           "ddp": _launch(tmp, "real-ddp", cl, "allreduce", args + ["--balance", "equal", "--ddp"])}
+    res = _launch(tmp, "real", cl, "allreduce", args, limit=1800)
     load_after = os.getloadavg()
-    out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip,
-           "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
+    out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip, "repeats": reps,
+           "mode": res["mode"], "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
            "host": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]}}
-    for k, r in res.items():
-        run = r["runs"][0]
-        row = {"samples_per_s": _steady_sps(run, gb, skip),
-               "fwd_bwd_spread": _spread_median(run["fwd_bwd_s"], run["sizes"], skip),
-               "final_shares": run["sizes"][-1], "final_acc": run["final_acc"]}
-        if run["spreads"]:
-            sp = np.asarray(run["spreads"][skip:], dtype=float)
+    for kind in ("balanced", "equal", "ddp"):
+        runs = [r for r in res["runs"] if r["kind"] == kind]
+        sps = [_steady_sps(r, gb, skip) for r in runs]
+        row = {"samples_per_s": float(np.median(sps)), "samples_per_s_repeats": sps,
+               "final_shares": runs[0]["sizes"][-1], "final_acc": float(np.median([r["final_acc"] for r in runs]))}
+        if kind != "ddp":
+            # the loader's measure (step compute minus exchange), pooled over repeats
+            sp = np.concatenate([np.asarray(r["spreads"][skip:], dtype=float) for r in runs])
             row["compute_spread"] = float(np.nanmedian(sp))
             row["compute_spread_p90"] = float(np.nanpercentile(sp, 90))
-        out[k] = row
+            # systematic imbalance: each worker's mean compute per step, slowest / fastest
+            per_rank = [np.mean(np.asarray(r["fwd_bwd_s"])[:, skip:], axis=1) for r in runs]
+            row["mean_fwd_bwd_spread"] = float(np.median([p.max() / p.min() for p in per_rank]))
+            row["fwd_bwd_spread"] = float(np.median([_spread_median(r["fwd_bwd_s"], r["sizes"], skip)
+                                                     for r in runs]))
+        out[kind] = row
     out["speedup_vs_ddp"] = out["balanced"]["samples_per_s"] / out["ddp"]["samples_per_s"]
     out["speedup_vs_equal"] = out["balanced"]["samples_per_s"] / out["equal"]["samples_per_s"]
     return out
@@ -301,19 +307,21 @@ def _table(out: dict) -> None:
                   f"{r['accuracy_drop_points']:>10.2f}")
     if "real" in out:
         r = out["real"]
-        print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, "
-              f"{r['steps']} steps, medians after step {r['skip']}; host: {r['host']['cpus']} CPUs, load "
-              f"{r['host']['loadavg_1min_before']:.1f} -> {r['host']['loadavg_1min_after']:.1f}) ==")
-        print(f"{'run':<26}{'samples/s':>11}{'compute spread':>16}{'p90':>7}{'fwd+bwd spread':>16}  final shares")
+        print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, mode "
+              f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
+              f"host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
+              f"{r['host']['loadavg_1min_after']:.1f}) ==")
+        print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  final shares")
         for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
                          ("ddp", "PyTorch DDP equal shares")):
             x = r[k]
-            cs = f"{x['compute_spread']:.3f}" if "compute_spread" in x else "-"
-            p9 = f"{x['compute_spread_p90']:.2f}" if "compute_spread_p90" in x else "-"
-            fb = f"{x['fwd_bwd_spread']:.3f}" if k != "ddp" else "-"
-            print(f"{label:<26}{x['samples_per_s']:>11.1f}{cs:>16}{p9:>7}{fb:>16}  {x['final_shares']}")
+            f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
+            print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
+                  f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['final_shares']}")
         print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
-              f"(proportional ideal {r['ideal_speedup']:.2f}x); spread bar 1.10, goal 1.05")
+              f"(proportional ideal {r['ideal_speedup']:.2f}x). spread: median over steps of the slowest worker's "
+              f"compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
+              f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
     for n in out.get("notes", []):
         print("note:", n)
 

@@ -210,7 +210,7 @@ def worker(a) -> int:
                 step += 1
                 if step >= total:
                     break
-        loader.batches._end()  # close the last step (measured and exchanged like the others)
+        loader.finish()  # close the last step (measured and exchanged like the others)
         stamps = np.asarray(stamps)
         wall = stamps[-1] - stamps[a.warmup - 1]
         sp = np.asarray(loader.spreads[a.warmup:], dtype=float)

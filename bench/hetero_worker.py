@@ -72,10 +72,15 @@ def cmd_train(a) -> dict:
     work = int(a.work.split(",")[rank]) if a.work else 1
     xtr, ytr, xte, yte = load_digits_split()
     runs = []
-    for rep in range(a.repeats):
+    # --interleave balanced,equal,ddp: every repeat runs each kind once, in turn, so slow
+    # drifts in the host's load hit all kinds alike; otherwise one kind from --balance/--ddp
+    kinds = a.interleave.split(",") if a.interleave else ["ddp" if a.ddp else a.balance]
+    for rep, kind in [(r, k) for r in range(a.repeats) for k in kinds]:
+        ddp = kind == "ddp"
+        balance = "equal" if ddp else ("measured" if kind in ("measured", "balanced") else "equal")
         model = digits_model(100 + rep, a.width)
         loader = sampler = None
-        if a.ddp:  # PyTorch DDP, equal shares from the same global batches
+        if ddp:  # PyTorch DDP, equal shares from the same global batches
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             net = DDP(model, process_group=ctx.worker_group)
@@ -85,7 +90,7 @@ def cmd_train(a) -> dict:
             net = model
             opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
                                                named_parameters=model.named_parameters())
-            loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, balance=a.balance, seed=rep,
+            loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, balance=balance, seed=rep,
                                     device="cpu")
 
         def batches():
@@ -109,8 +114,8 @@ def cmd_train(a) -> dict:
             tc = time.perf_counter()
             with device.compute(len(x)):
                 if len(x):
-                    _forward_backward(net, x, y, work, len(x) * nw / a.global_batch if a.ddp else 1.0, a.ddp)
-                elif a.ddp:  # DDP needs every rank in the all-reduce
+                    _forward_backward(net, x, y, work, len(x) * nw / a.global_batch if ddp else 1.0, ddp)
+                elif ddp:  # DDP needs every rank in the all-reduce
                     (sum(p.sum() for p in net.parameters()) * 0).backward()
             computes.append(time.perf_counter() - tc)
             opt.step()
@@ -127,6 +132,7 @@ def cmd_train(a) -> dict:
                 break
         st = hetrain.engine().stats
         if loader is not None:
+            loader.finish()
             sizes = [[int(v) for v in h] for h in loader.balancer.history[:step]]
             spreads = loader.spreads[:step]
         else:
@@ -139,8 +145,10 @@ def cmd_train(a) -> dict:
         runs.append({"times": times, "sizes": sizes, "accs": accs, "final_acc": acc_of(model, xte, yte),
                      "bytes_per_step": (st.bytes_sent + st.bytes_received - bytes0) / max(1, step),
                      "engine_comm_s": st.comm_s, "engine_wait_s": st.wait_s, "compute_s": device.compute_s,
-                     "steps": step, "spreads": spreads, "fwd_bwd_s": [c.tolist() for c in allc]})
-        if a.ddp:
+                     "steps": step, "spreads": spreads, "fwd_bwd_s": [c.tolist() for c in allc],
+                     "loader_exchange_s": loader.batches.exchange_s if loader is not None else 0.0,
+                     "wall_s": times[-1] if times else 0.0, "kind": kind})
+        if ddp:
             dist.barrier(group=ctx.worker_group)
     return {"runs": runs, "global_batch": a.global_batch, "mode": ctx.comm.mode, "codec": ctx.comm.codec,
             "workers": [p.machine.name for p in ctx.topology.workers], "work": a.work, "width": a.width,
@@ -236,6 +244,7 @@ def main(argv=None) -> int:
     t.add_argument("--repeats", type=int, default=3)
     t.add_argument("--work", default="", help="per-worker real-work multipliers, e.g. 1,2,4 (default 1 each)")
     t.add_argument("--width", type=int, default=128, help="hidden width (128: the demo's model)")
+    t.add_argument("--interleave", default="", help="kinds to alternate in every repeat, e.g. balanced,equal,ddp")
     o = sub.add_parser("overlap")
     o.add_argument("--out", required=True)
     o.add_argument("--layers", type=int, default=12)

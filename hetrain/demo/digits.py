@@ -115,6 +115,7 @@ def main(argv=None) -> int:
             writer.add_scalar("test/accuracy", acc, epoch)
             save_checkpoint(os.path.join(run_dir, "checkpoint.pt"),
                             {"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()})
+    loader.finish()  # the last step's exchange: measured, logged and counted like the others
     wall = time.perf_counter() - t_start
     st = hetrain.engine().stats
     me = rank if len(steplog.labels) > 1 else 0

@@ -50,6 +50,7 @@ class BalanceConfig:
     window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
     recent: int = 3  # per-sample time = median over the last `recent` steps (one outlier does not move shares)
     every: int = 1  # re-balance every `every` steps
+    overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
     reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
     min_samples: int = 1  # every worker keeps at least this many samples, so its speed stays measurable
@@ -248,22 +249,35 @@ def median_spread(spreads, skip: int) -> float:
 
 # ---- the per-job balancer ---------------------------------------------------------------
 
-Gather = Callable[[np.ndarray], np.ndarray]
+Gather = Callable[[np.ndarray], Callable[[], np.ndarray]]
 
 
 def worker_gather(ctx, what: str) -> Gather:
-    """All-gather one float64 row per worker over the worker group (rows, never pickles)."""
+    """All-gather one float64 row per worker over the worker group (rows, never pickles).
 
-    def gather(row: np.ndarray) -> np.ndarray:
+    `gather(row)` starts the exchange and returns `wait()`, which gives the (workers x
+    len(row)) array: the exchange can run in gloo's background threads while this worker
+    computes its next step."""
+
+    def gather(row: np.ndarray) -> Callable[[], np.ndarray]:
         t = torch.as_tensor(np.asarray(row, dtype=np.float64))
         if not (ctx.distributed and ctx.num_workers > 1):
-            return t.numpy()[None, :]
+            mine = t.numpy()[None, :]
+            return lambda: mine
         out = [torch.zeros_like(t) for _ in range(ctx.num_workers)]
         try:
-            dist.all_gather(out, t, group=ctx.worker_group)
+            work = dist.all_gather(out, t, group=ctx.worker_group, async_op=True)
         except RuntimeError as err:
             raise ctx.peer_error(what, [], err) from None
-        return torch.stack(out).numpy()
+
+        def wait() -> np.ndarray:
+            try:
+                work.wait()
+            except RuntimeError as err:
+                raise ctx.peer_error(what, [], err) from None
+            return torch.stack(out).numpy()
+
+        return wait
 
     return gather
 
@@ -319,7 +333,9 @@ class Balancer:
         self.caps = np.minimum(mem_caps, self.global_batch)
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
-        self.rows = np.zeros((self.n, 0))  # the extra numbers gathered with the last update
+        self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
+        self.rows_step = 0  # the update (1-based step) those numbers belong to
+        self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
         self.step = 0
         self.sizes = self.shares_for(self.global_batch)
         self.history: list[np.ndarray] = [self.sizes.copy()]
@@ -354,7 +370,7 @@ class Balancer:
         row = np.array([lim.bytes, SOURCES.index(lim.source), float(self.device.type == "cuda"),
                         float(self.device.index or 0), float(torch.get_num_threads())])
         self.memory_detail = lim.detail
-        rows = self._gather(row)
+        rows = self._gather(row)()
         return [WorkerDevice(float(r[0]), SOURCES[int(r[1])], bool(r[2]), int(r[3]), int(r[4])) for r in rows]
 
     def _check_smallest_share(self, caps) -> None:
@@ -394,22 +410,46 @@ class Balancer:
                             self.cfg.memory_per_sample)
 
     def update(self, extra=()) -> np.ndarray:
-        """Exchange fits (and `extra` numbers, kept in `rows`) and recompute the shares:
-        a collective over the workers, every step."""
+        """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
+        collective over the workers, every step.
+
+        With `overlap_exchange` (default) the exchange started here completes during the
+        next step, and the shares computed now use the exchange of the step before: no
+        worker waits for the others here, at the cost of shares one step older. `rows`
+        then holds the extra numbers of that earlier step (`rows_step` says which), or
+        None when no exchange has completed yet."""
         self.step += 1
         fixed, per = self.model.fit()
         row = np.array([fixed, per, *extra], dtype=np.float64)
         if not self.lockstep:
-            self.rows = row[None, 2:]
+            self.rows, self.rows_step = row[None, 2:], self.step
             self.history.append(self.sizes.copy())
             return self.sizes
-        rows = self._gather(row)
-        self.rows = rows[:, 2:]
-        if self.step % self.cfg.every == 0:
-            self.fits = rows[:, :2].copy()
-            self.sizes = self.shares_for(self.global_batch)
+        wait = self._gather(row)
+        step = self.step
+        if self.cfg.overlap_exchange:
+            (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
+        self.rows = None
+        if wait is not None:
+            self._apply(wait(), step)
         self.history.append(self.sizes.copy())
         return self.sizes
+
+    def flush(self) -> np.ndarray | None:
+        """Complete the exchange still in flight (end of an epoch) and apply it; returns
+        its extra numbers (None if there was none). A collective like `update`."""
+        self.rows = None
+        if self._pending is not None:
+            (wait, step), self._pending = self._pending, None
+            self._apply(wait(), step)
+            self.history[-1] = self.sizes.copy()
+        return self.rows
+
+    def _apply(self, rows: np.ndarray, step: int) -> None:
+        self.rows, self.rows_step = rows[:, 2:], step
+        if step % self.cfg.every == 0:
+            self.fits = rows[:, :2].copy()
+            self.sizes = self.shares_for(self.global_batch)
 
     def predicted(self, sizes=None) -> np.ndarray:
         """Predicted compute seconds per worker for `sizes` (default: this step's)."""

@@ -20,6 +20,8 @@ What it does each step:
   to load the batch. On a GPU the device is synchronised before the clock is read.
 - Exchanges the step-time fits and the step's metrics in one all-gather and solves the
   next shares (`hetrain.train.balance`): all workers are predicted to finish together.
+  The all-gather runs in the background during the next step (`overlap_exchange`), so
+  no worker waits for the others here; the shares use fits one step older.
 
 `BalancedBatchSampler` is the same thing for users with their own `DataLoader`
 (`DataLoader(ds, batch_sampler=BalancedBatchSampler(...))`): it yields this worker's
@@ -114,9 +116,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.engine = getattr(optimizer, "engine", None)
         self.logger = logger
         self.epoch = 0
-        self.global_step = 0
         self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
         self.last_rows: np.ndarray | None = None
+        self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
         self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
         self._hook_end: tuple | None = None
         if optimizer is not None:
@@ -155,14 +157,29 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
         compute = max(0.0, end - t_out - comm - wait)
         self.balancer.record(samples, compute)
+        t0 = time.perf_counter()
         self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
+        self.exchange_s += time.perf_counter() - t0
+        self._log()
+
+    def finish(self) -> None:
+        """End of training (every worker, same point): close the step handed out last if
+        the loop was left early, and complete the exchange still in flight, so the last
+        step is measured, logged and counted. A collective."""
+        self._end()
+        t0 = time.perf_counter()
+        self.balancer.flush()
+        self.exchange_s += time.perf_counter() - t0
+        self._log()
+
+    def _log(self) -> None:
         rows = self.balancer.rows
+        if rows is None:
+            return
         self.last_rows = rows
-        s = spread(rows[:, 1], rows[:, 0])
-        self.spreads.append(s)
+        self.spreads.append(spread(rows[:, 1], rows[:, 0]))
         if self.logger is not None:
-            self.logger.write(self.global_step, [dict(zip(METRICS, map(float, r))) for r in rows])
-        self.global_step += 1
+            self.logger.write(self.balancer.rows_step - 1, [dict(zip(METRICS, map(float, r))) for r in rows])
 
     # -- iteration
     @property
@@ -304,6 +321,10 @@ class BalancedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.batches.set_epoch(epoch)
+
+    def finish(self) -> None:
+        """See `BalancedBatchSampler.finish`: call on every worker after the last step."""
+        self.batches.finish()
 
     # -- what the balancer knows
     @property

@@ -30,7 +30,7 @@ class ThreadGroup:
             self.barrier.wait()
             out = np.stack(self.slots)
             self.barrier.wait()
-            return out
+            return lambda: out
         return WorkerGroup(rank, self.n, gather, tuple(f"w{i}" for i in range(self.n)))
 
 
@@ -108,6 +108,7 @@ def test_shares_follow_real_work_and_equalise_compute():
     def body(rank, loader):
         for (x,) in loader:
             time.sleep(fixed + per[rank] * len(x))
+        loader.finish()
         return loader.balancer.history[-1].tolist(), loader.spreads
 
     res = run_workers(3, make, body)
@@ -133,6 +134,7 @@ def test_sampler_form_with_a_dataloader_and_metrics_rows(tmp_path):
     def body(rank, sampler):
         dl = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
         got[rank] = [y.tolist() for _x, y in dl]
+        sampler.finish()
         return sampler.logger.rows
 
     rows = run_workers(2, make, body)

@@ -10,7 +10,10 @@ from hetrain.train.balance import (BalanceConfig, Balancer, BatchDoesNotFitError
 
 
 def _milp_optimum(g, fixed, per, lo, caps) -> float:
-    """min T s.t. fixed_i + per_i b_i <= T, sum b = g, lo <= b <= cap, b integer (HiGHS)."""
+    """min T s.t. fixed_i + per_i b_i <= T, sum b = g, lo <= b <= cap, b integer (HiGHS,
+    no optimality gap; times scaled to about 1 so HiGHS's 1e-6 tolerances do not bite)."""
+    scale = 1.0 / max(np.max(per * caps), np.max(fixed), 1e-12)
+    fixed, per = fixed * scale, per * scale
     n = len(fixed)
     c = np.zeros(n + 1)
     c[-1] = 1.0
@@ -24,9 +27,11 @@ def _milp_optimum(g, fixed, per, lo, caps) -> float:
         ub.append(-fixed[i])
     res = milp(c, constraints=LinearConstraint(np.array(rows), lb, ub),
                integrality=np.concatenate([np.ones(n), [0]]),
-               bounds=Bounds(np.concatenate([lo, [0]]), np.concatenate([caps, [np.inf]])))
+               bounds=Bounds(np.concatenate([lo, [0]]), np.concatenate([caps, [np.inf]])),
+               options={"mip_rel_gap": 0.0})
     assert res.success, res.message
-    return float(res.x[-1])
+    b = np.round(res.x[:n])
+    return float(np.max(fixed + per * b)) / scale
 
 
 @settings(max_examples=80, deadline=None)
@@ -132,7 +137,8 @@ def _fake_gather(*calls):
     def gather(row):
         other = np.asarray(calls[min(len(seen), len(calls) - 1)], dtype=float)
         seen.append(row)
-        return np.vstack([row, other])
+        rows = np.vstack([row, other])
+        return lambda: rows
     return gather
 
 
@@ -152,8 +158,22 @@ def test_gpu_without_room_for_the_smallest_share_is_a_clear_error():
 
 
 def test_balancer_rebalances_from_fits():
-    b = Balancer(None, 100, BalanceConfig(), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004]), num_workers=2)
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004]), num_workers=2)
     assert list(b.sizes) == [50, 50]
     b.record(50, 0.1)  # this worker: 2 ms per sample; the other reports fixed 0, 4 ms per sample
     b.update()
     assert list(b.sizes) == [67, 33]
+
+
+def test_overlapped_exchange_applies_one_step_later():
+    b = Balancer(None, 100, BalanceConfig(), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 50]), num_workers=2)
+    b.record(50, 0.1)
+    b.update(extra=(50,))
+    assert list(b.sizes) == [50, 50] and b.rows is None  # the exchange is still in flight
+    b.record(50, 0.1)
+    b.update(extra=(50,))
+    assert list(b.sizes) == [67, 33] and b.rows_step == 1  # step 1's fits, applied at step 2
+    b.record(67, 0.134)
+    b.update(extra=(67,))
+    assert b.flush() is not None and b.rows_step == 3 and b.flush() is None
