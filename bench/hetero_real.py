@@ -10,9 +10,13 @@ on a width-`--width` MLP (256 inputs, 3 hidden layers, 10 classes; synthetic dat
 labelled by a fixed random teacher):
 
   calibrate   every worker times local steps (no communication) at a few batch sizes
-              and fits fixed + per-sample seconds; one push_pull is timed. The global
-              batch B is chosen so a balanced step computes for about
-              max(--step-s, 20 x the push_pull time): communication stays a few percent.
+              and fits fixed + per-sample seconds; one push_pull is timed. From these the
+              bench predicts, for global batches 64·2^k, the GPU-only, CPU-only and mixed
+              samples/s, and picks the batch where the CPU workers add most to the GPU
+              while the predicted mixed/ideal stays >= 0.95 (`--global-batch` overrides).
+              A GPU is nearly flat in the batch until it is busy, and there a CPU adds
+              little; communication grows with the model, not the batch: the table of
+              predictions shows the trade-off on this host.
   gpu_local   the GPU worker trains alone at batch B, no communication (a one-GPU job).
   gpu         the job with only the GPU given samples (the CPU workers sit out with 0)
   cpu         the job with only the CPU workers given samples (balanced among them)
@@ -49,6 +53,45 @@ HETERPS_NOTE = ("HeterPS on real devices: not measured yet (layer placement over
 
 
 # ---------------------------------------------------------------- the worker (launched) --
+
+def predict(fixed, per, comm_s: float, max_batch: int) -> list[dict]:
+    """For global batches 64·2^k: predicted samples/s of the GPU alone, the CPU workers
+    alone and both balanced (in the job, so each pays one push_pull per step), from the
+    calibration fits (fixed + per-sample seconds, worker 0 = the GPU)."""
+    from hetrain.train.balance import solve_shares
+
+    fixed, per = np.asarray(fixed), np.asarray(per)
+    n, big, out = len(fixed), 10**12, []
+
+    def level(bsz, caps):
+        sizes = solve_shares(bsz, fixed, per, caps, 0)
+        return float((fixed + per * sizes)[sizes > 0].max())
+
+    b = 64
+    while b <= max_batch:
+        t_mix = level(b, [big] * n)
+        t_gpu = fixed[0] + per[0] * b
+        t_cpu = level(b, [0] + [big] * (n - 1)) if n > 1 else float("inf")
+        mixed, gpu, cpu = b / (t_mix + comm_s), b / (t_gpu + comm_s), b / (t_cpu + comm_s)
+        out.append({"global_batch": b, "step_s": t_mix, "mixed_sps": mixed, "gpu_sps": gpu, "cpu_sps": cpu,
+                    "efficiency": mixed / (gpu + cpu), "cpu_over_gpu": cpu / gpu})
+        b *= 2
+    return out
+
+
+def choose_batch(pred: list[dict], given: int, min_step_s: float, max_step_s: float) -> tuple[int, dict]:
+    """The global batch to measure at: `given` if set; else, among the batches whose
+    balanced step computes for min..max_step_s, the one where the CPU workers add most
+    to the GPU while the predicted mixed/ideal stays >= 0.95 (or, if none does, the one
+    with the best predicted mixed/ideal). Returns (batch, its prediction)."""
+    if given:
+        near = min(pred, key=lambda p: abs(p["global_batch"] - given))
+        return int(given) // 64 * 64 or 64, {**near, "note": "prediction at the nearest calibrated batch"}
+    ok = [p for p in pred if min_step_s <= p["step_s"] <= max_step_s] or pred
+    good = [p for p in ok if p["efficiency"] >= 0.95]
+    best = max(good, key=lambda p: p["cpu_over_gpu"]) if good else max(ok, key=lambda p: p["efficiency"])
+    return int(best["global_batch"]), best
+
 
 def _pin_cpu_worker(index: int, threads: int, reserve: int) -> list[int]:
     """Give CPU worker `index` its own `threads` cores (from the top of this process's
@@ -156,26 +199,12 @@ def worker(a) -> int:
         comm.append(time.perf_counter() - t0)
     rows = gather([fixed, per, float(np.median(comm)), float(is_gpu), float(len(cores))])
     comm_s = float(rows[:, 2].max())
-    step_s = min(max(a.step_s, 20 * comm_s), a.max_step_s)
-    fixed_all, per_all = rows[:, 0], rows[:, 1]
-    big = 10**9
-    # the global batch whose balanced step computes for about step_s
-
-    def level(bsz: int) -> float:
-        sizes = solve_shares(bsz, fixed_all, per_all, [big] * n, 0)
-        return float((fixed_all + per_all * sizes)[sizes > 0].max())
-
-    lo, hi = 64, 64
-    while level(hi) < step_s and hi < a.max_batch:
-        lo, hi = hi, hi * 2
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if level(mid) < step_s else (lo, mid)
-    B = int(min(hi, a.max_batch)) // 64 * 64 or 64
+    pred = predict(rows[:, 0], rows[:, 1], comm_s, a.max_batch)
+    B, chosen = choose_batch(pred, a.global_batch, a.min_step_s, a.max_step_s)
     x_all, y_all = _data(max(2 * B, 4096))
-    out: dict = {"calibration": {"fixed_s": fixed_all.tolist(), "per_sample_s": per_all.tolist(),
-                                 "samples": a.calib_batches, "push_pull_s": comm_s, "step_s_target": step_s,
-                                 "global_batch": B},
+    out: dict = {"calibration": {"fixed_s": rows[:, 0].tolist(), "per_sample_s": rows[:, 1].tolist(),
+                                 "samples": a.calib_batches, "push_pull_s": comm_s, "global_batch": B,
+                                 "predicted": chosen, "candidates": pred},
                  "workers": [p.machine.name for p in ctx.topology.workers]}
 
     # -- gpu_local: the GPU worker alone, no communication
@@ -270,9 +299,15 @@ def _report(res: dict, a) -> dict:
     c = res["calibration"]
     print(f"\n== real heterogeneity: {res.get('gpu_name', '?')} + {a.cpu_workers} CPU workers x {a.threads} threads; "
           f"width-{a.width} MLP; global batch {summary['global_batch']} ==")
+    p = c["predicted"]
     print(f"calibration (local, no communication): fixed s {np.round(c['fixed_s'], 4).tolist()}, "
           f"per-sample us {np.round(np.asarray(c['per_sample_s']) * 1e6, 2).tolist()}; "
-          f"push_pull {c['push_pull_s'] * 1e3:.1f} ms; step target {c['step_s_target']:.2f} s")
+          f"push_pull {c['push_pull_s'] * 1e3:.1f} ms")
+    print(f"predicted at this batch: GPU {p['gpu_sps']:.0f}, CPU {p['cpu_sps']:.0f}, mixed {p['mixed_sps']:.0f} "
+          f"samples/s (mixed/ideal {p['efficiency']:.3f}, CPU/GPU {p['cpu_over_gpu']:.2f}); all batches:")
+    for q in c["candidates"]:
+        print(f"  B={q['global_batch']:<8} step {q['step_s'] * 1e3:9.2f} ms  mixed/ideal {q['efficiency']:.3f}  "
+              f"CPU/GPU {q['cpu_over_gpu']:.3f}")
     print(f"{'run':<34}{'samples/s':>12}{'spread':>9}{'p90':>7}  final shares")
     rows = [("GPU worker alone (no comm)", summary["gpu_local_sps"], None, None, None),
             ("GPU only (in the job)", gpu, res["gpu"]["spread_median"], res["gpu"]["spread_p90"],
@@ -301,8 +336,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-workers", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4, help="threads (own cores) per CPU worker")
     ap.add_argument("--reserve-cores", type=int, default=2, help="lowest cores left to the GPU worker and servers")
-    ap.add_argument("--step-s", type=float, default=0.5, help="balanced compute per step to aim for (seconds)")
-    ap.add_argument("--max-step-s", type=float, default=3.0)
+    ap.add_argument("--global-batch", type=int, default=0,
+                    help="global batch (default: chosen from the calibration: CPU workers adding most to the GPU "
+                         "while the predicted mixed/ideal stays >= 0.95)")
+    ap.add_argument("--min-step-s", type=float, default=0.02, help="shortest balanced step to consider (seconds)")
+    ap.add_argument("--max-step-s", type=float, default=3.0, help="longest balanced step to consider (seconds)")
     ap.add_argument("--max-batch", type=int, default=262144)
     ap.add_argument("--heterps", action="store_true", help="the HeterPS-on-real-devices section (not measured yet)")
     ap.add_argument("--cpu-dry-run", action="store_true",
@@ -330,7 +368,7 @@ def main(argv=None) -> int:
         return 0
     if a.cpu_dry_run:
         a.width, a.cpu_workers, a.threads, a.reserve_cores = min(a.width, 128), min(a.cpu_workers, 2), 1, 0
-        a.step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.05, 1024, [16, 64, 256], 2
+        a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
     steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
     warmup = a.warmup or (4 if a.cpu_dry_run else (8 if a.quick else 12))
     with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
@@ -342,8 +380,9 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(tmp / "cluster.yaml"),
                "--mode", "ps", "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
                "--worker", "--out", str(res_path), "--width", str(a.width), "--threads", str(a.threads),
-               "--reserve-cores", str(a.reserve_cores), "--step-s", str(a.step_s), "--max-step-s",
-               str(a.max_step_s), "--max-batch", str(a.max_batch), "--steps", str(steps), "--warmup", str(warmup),
+               "--reserve-cores", str(a.reserve_cores), "--global-batch", str(a.global_batch), "--min-step-s",
+               str(a.min_step_s), "--max-step-s", str(a.max_step_s), "--max-batch", str(a.max_batch),
+               "--steps", str(steps), "--warmup", str(warmup),
                "--window", str(a.window), "--lr", str(a.lr), "--calib-reps", str(a.calib_reps),
                "--calib-batches", *map(str, a.calib_batches)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -23,9 +23,8 @@ from torch.utils.data import TensorDataset
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
-from hetrain.runtime.device import local_device
 from hetrain.train.checkpoint import save_checkpoint
-from hetrain.train.loader import BalancedLoader
+from hetrain.train.loader import BalancedLoader, local_device
 from hetrain.train.metrics import StepLogger
 from hetrain.train.summary import format_table, gather_stats, write_summary
 

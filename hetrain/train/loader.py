@@ -45,6 +45,8 @@ from .balance import (BalanceConfig, Balancer, estimate_memory_per_sample, media
                       worker_gather)
 from .sampler import GlobalBatchSampler
 
+__all__ = ["BalancedLoader", "BalancedBatchSampler", "WorkerGroup", "local_device"]
+
 # the numbers every worker contributes per step (gathered with the step-time fit)
 METRICS = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
 
