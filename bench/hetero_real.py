@@ -6,14 +6,15 @@ by measured step times (needs CUDA; elsewhere it exits 0 saying why).
 One `hetrain launch` (mode ps, 2 CPU summation servers) of this file as the worker on
 a cluster of one GPU worker (`cuda: true`) and `--cpu-workers` CPU workers with
 `--threads` threads each, pinned to their own cores. All phases run in that one launch,
-on a width-`--width` MLP (256 inputs, 3 hidden layers, 10 classes; synthetic data
-labelled by a fixed random teacher):
+on an MLP (256 inputs, 3 hidden layers of a width from `--widths`, 10 classes;
+synthetic data labelled by a fixed random teacher):
 
-  calibrate   every worker times local steps (no communication) at a few batch sizes
-              and fits fixed + per-sample seconds; one push_pull is timed. From these the
-              bench predicts, for global batches 64·2^k, the GPU-only, CPU-only and mixed
-              samples/s, and picks the batch where the CPU workers add most to the GPU
-              while the predicted mixed/ideal stays >= 0.95 (`--global-batch` overrides).
+  calibrate   for every width, every worker times local steps (no communication) at a
+              few batch sizes and fits fixed + per-sample seconds; one push_pull is
+              timed. From these the bench predicts, for global batches 64·2^k, the
+              GPU-only, CPU-only and mixed samples/s, and picks the (width, batch) where
+              the CPU workers add most to the GPU while the predicted mixed/ideal stays
+              >= 0.95 (see `choose`; `--global-batch` fixes the batch).
               A GPU is nearly flat in the batch until it is busy, and there a CPU adds
               little; communication grows with the model, not the batch: the table of
               predictions shows the trade-off on this host.
@@ -79,18 +80,32 @@ def predict(fixed, per, comm_s: float, max_batch: int) -> list[dict]:
     return out
 
 
-def choose_batch(pred: list[dict], given: int, min_step_s: float, max_step_s: float) -> tuple[int, dict]:
-    """The global batch to measure at: `given` if set; else, among the batches whose
-    balanced step computes for min..max_step_s, the one where the CPU workers add most
-    to the GPU while the predicted mixed/ideal stays >= 0.95 (or, if none does, the one
-    with the best predicted mixed/ideal). Returns (batch, its prediction)."""
-    if given:
-        near = min(pred, key=lambda p: abs(p["global_batch"] - given))
-        return int(given) // 64 * 64 or 64, {**near, "note": "prediction at the nearest calibrated batch"}
-    ok = [p for p in pred if min_step_s <= p["step_s"] <= max_step_s] or pred
-    good = [p for p in ok if p["efficiency"] >= 0.95]
-    best = max(good, key=lambda p: p["cpu_over_gpu"]) if good else max(ok, key=lambda p: p["efficiency"])
-    return int(best["global_batch"]), best
+def choose(calib: dict, given: int, min_step_s: float, max_step_s: float) -> tuple[int, int, dict]:
+    """The (width, global batch) to measure at, from the predictions of every calibrated
+    width: where the CPU workers add most to the GPU (at least 30% wanted) while the
+    predicted mixed/ideal stays >= 0.95; failing that, the best mixed/ideal >= 0.85 with
+    the CPUs adding at least 30%; failing that, the best mixed/ideal x min(1, CPU/GPU / 0.3). Only batches
+    whose balanced step computes for min..max_step_s count. `given` fixes the batch (the
+    width is still chosen). Returns (width, batch, its prediction)."""
+    cands = []
+    for width, c in calib.items():
+        for p in c["candidates"]:
+            if given and p is not min(c["candidates"], key=lambda q: abs(q["global_batch"] - given)):
+                continue
+            if given or min_step_s <= p["step_s"] <= max_step_s:
+                cands.append((width, p))
+    if not cands:
+        cands = [(w, p) for w, c in calib.items() for p in c["candidates"]]
+    eff = lambda x: x[1]["efficiency"]  # noqa: E731
+    cpu = lambda x: x[1]["cpu_over_gpu"]  # noqa: E731
+    for pool, key in (([x for x in cands if eff(x) >= 0.95 and cpu(x) >= 0.3], cpu),
+                      ([x for x in cands if eff(x) >= 0.85 and cpu(x) >= 0.3], eff),
+                      (cands, lambda x: eff(x) * min(1.0, cpu(x) / 0.3))):
+        if pool:
+            width, best = max(pool, key=key)
+            break
+    batch = (int(given) // 64 * 64 or 64) if given else int(best["global_batch"])
+    return int(width), batch, best
 
 
 def _pin_cpu_worker(index: int, threads: int, reserve: int) -> list[int]:
@@ -149,12 +164,6 @@ def worker(a) -> int:
     else:
         torch.set_num_threads(1)
         cores = sorted(os.sched_getaffinity(0))
-    model = _mlp(a.width)
-    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
-    model.to(device)
-    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
-                                       named_parameters=model.named_parameters())
-    local_opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     group = ctx.worker_group
 
     def gather(values) -> np.ndarray:
@@ -163,58 +172,73 @@ def worker(a) -> int:
         dist.all_gather(out, t, group=group)
         return torch.stack(out).numpy()
 
-    def local_step(x, y) -> None:
+    def build(width: int):
+        model = _mlp(width)
+        hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
+        model.to(device)
+        opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
+                                           named_parameters=model.named_parameters())
+        return model, opt, torch.optim.SGD(model.parameters(), lr=a.lr)
+
+    def local_step(model, local_opt, x, y) -> None:
         local_opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         local_opt.step()
 
-    def timed_local(b: int, reps: int) -> float:
+    def timed_local(model, local_opt, b: int, reps: int) -> float:
         x, y = _data(b)
         x, y = x.to(device), y.to(device)
-        local_step(x, y)  # warm-up: kernels, allocator
+        local_step(model, local_opt, x, y)  # warm-up: kernels, allocator
         synchronize(device)
         ts = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            local_step(x, y)
+            local_step(model, local_opt, x, y)
             synchronize(device)
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts))
 
-    # -- calibrate: fixed + per-sample per worker (local), and one push_pull
-    fit = StepTimeModel(window=32, recent=3)
-    for b in a.calib_batches:
-        fit.add(b, timed_local(b, a.calib_reps))
-    fixed, per = fit.fit()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    named = [(nm, p.grad) for nm, p in model.named_parameters()]
-    hetrain.engine().push_pull(named, weight=1)  # warm-up: layouts, connections
-    comm = []
-    for _ in range(3):
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        hetrain.engine().push_pull(named, weight=1)
-        synchronize(device)
-        comm.append(time.perf_counter() - t0)
-    rows = gather([fixed, per, float(np.median(comm)), float(is_gpu), float(len(cores))])
-    comm_s = float(rows[:, 2].max())
-    pred = predict(rows[:, 0], rows[:, 1], comm_s, a.max_batch)
-    B, chosen = choose_batch(pred, a.global_batch, a.min_step_s, a.max_step_s)
+    # -- calibrate every candidate width: fixed + per-sample per worker (local, no
+    #    communication) and one push_pull; predict every global batch
+    calib = {}
+    for width in a.widths:
+        model, _opt, local_opt = build(width)
+        fit = StepTimeModel(window=32, recent=3)
+        for b in a.calib_batches:
+            fit.add(b, timed_local(model, local_opt, b, a.calib_reps))
+        fixed, per = fit.fit()
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        named = [(nm, p.grad) for nm, p in model.named_parameters()]
+        hetrain.engine().push_pull(named, weight=1)  # warm-up: layouts, connections
+        comm = []
+        for _ in range(3):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            hetrain.engine().push_pull(named, weight=1)
+            synchronize(device)
+            comm.append(time.perf_counter() - t0)
+        rows = gather([fixed, per, float(np.median(comm))])
+        comm_s = float(rows[:, 2].max())
+        calib[width] = {"fixed_s": rows[:, 0].tolist(), "per_sample_s": rows[:, 1].tolist(),
+                        "push_pull_s": comm_s, "candidates": predict(rows[:, 0], rows[:, 1], comm_s, a.max_batch)}
+        del model, _opt, local_opt
+    width, B, chosen = choose(calib, a.global_batch, a.min_step_s, a.max_step_s)
+    model, opt, local_opt = build(width)
     x_all, y_all = _data(max(2 * B, 4096))
-    out: dict = {"calibration": {"fixed_s": rows[:, 0].tolist(), "per_sample_s": rows[:, 1].tolist(),
-                                 "samples": a.calib_batches, "push_pull_s": comm_s, "global_batch": B,
-                                 "predicted": chosen, "candidates": pred},
-                 "workers": [p.machine.name for p in ctx.topology.workers]}
+    out: dict = {"calibration": {**calib[width], "samples": a.calib_batches, "global_batch": B, "width": width,
+                                 "predicted": chosen, "widths": {str(w): c for w, c in calib.items()}},
+                 "workers": [p.machine.name for p in ctx.topology.workers],
+                 "threads": gather([float(torch.get_num_threads())])[:, 0].astype(int).tolist()}
 
     # -- gpu_local: the GPU worker alone, no communication
     if rank == 0:
         xb, yb = x_all[:B].to(device), y_all[:B].to(device)
-        local_step(xb, yb)
+        local_step(model, local_opt, xb, yb)
         synchronize(device)
         t0 = time.perf_counter()
         for _ in range(a.steps):
-            local_step(xb, yb)
+            local_step(model, local_opt, xb, yb)
         synchronize(device)
         out["gpu_local_sps"] = B * a.steps / (time.perf_counter() - t0)
         del xb, yb
@@ -298,16 +322,18 @@ def _report(res: dict, a) -> dict:
                "final_shares": res["mixed"]["shares"][-1]}
     c = res["calibration"]
     print(f"\n== real heterogeneity: {res.get('gpu_name', '?')} + {a.cpu_workers} CPU workers x {a.threads} threads; "
-          f"width-{a.width} MLP; global batch {summary['global_batch']} ==")
+          f"width-{res['calibration']['width']} MLP (of {a.widths}); global batch {summary['global_batch']} ==")
     p = c["predicted"]
     print(f"calibration (local, no communication): fixed s {np.round(c['fixed_s'], 4).tolist()}, "
           f"per-sample us {np.round(np.asarray(c['per_sample_s']) * 1e6, 2).tolist()}; "
           f"push_pull {c['push_pull_s'] * 1e3:.1f} ms")
-    print(f"predicted at this batch: GPU {p['gpu_sps']:.0f}, CPU {p['cpu_sps']:.0f}, mixed {p['mixed_sps']:.0f} "
-          f"samples/s (mixed/ideal {p['efficiency']:.3f}, CPU/GPU {p['cpu_over_gpu']:.2f}); all batches:")
-    for q in c["candidates"]:
-        print(f"  B={q['global_batch']:<8} step {q['step_s'] * 1e3:9.2f} ms  mixed/ideal {q['efficiency']:.3f}  "
-              f"CPU/GPU {q['cpu_over_gpu']:.3f}")
+    print(f"predicted here: GPU {p['gpu_sps']:.0f}, CPU {p['cpu_sps']:.0f}, mixed {p['mixed_sps']:.0f} "
+          f"samples/s (mixed/ideal {p['efficiency']:.3f}, CPU/GPU {p['cpu_over_gpu']:.2f}); all predictions:")
+    for w, cw in c["widths"].items():
+        print(f"  width {w}: push_pull {cw['push_pull_s'] * 1e3:.1f} ms")
+        for q in cw["candidates"]:
+            print(f"    B={q['global_batch']:<8} step {q['step_s'] * 1e3:9.2f} ms  mixed/ideal {q['efficiency']:.3f}  "
+                  f"CPU/GPU {q['cpu_over_gpu']:.3f}")
     print(f"{'run':<34}{'samples/s':>12}{'spread':>9}{'p90':>7}  final shares")
     rows = [("GPU worker alone (no comm)", summary["gpu_local_sps"], None, None, None),
             ("GPU only (in the job)", gpu, res["gpu"]["spread_median"], res["gpu"]["spread_p90"],
@@ -332,14 +358,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="shares over time (default: next to --json, else hetero_real_shares.png)")
     ap.add_argument("--quick", action="store_true", help="fewer steps")
-    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--widths", type=int, nargs="+", default=[256, 512, 1024],
+                    help="MLP widths to calibrate; the bench measures the one where CPU workers matter most "
+                         "while the predicted mixed/ideal stays high")
     ap.add_argument("--cpu-workers", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4, help="threads (own cores) per CPU worker")
     ap.add_argument("--reserve-cores", type=int, default=2, help="lowest cores left to the GPU worker and servers")
     ap.add_argument("--global-batch", type=int, default=0,
                     help="global batch (default: chosen from the calibration: CPU workers adding most to the GPU "
                          "while the predicted mixed/ideal stays >= 0.95)")
-    ap.add_argument("--min-step-s", type=float, default=0.02, help="shortest balanced step to consider (seconds)")
+    ap.add_argument("--min-step-s", type=float, default=0.002, help="shortest balanced step to consider (seconds)")
     ap.add_argument("--max-step-s", type=float, default=3.0, help="longest balanced step to consider (seconds)")
     ap.add_argument("--max-batch", type=int, default=262144)
     ap.add_argument("--heterps", action="store_true", help="the HeterPS-on-real-devices section (not measured yet)")
@@ -367,7 +395,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"skipped": reason, **out}, indent=2))
         return 0
     if a.cpu_dry_run:
-        a.width, a.cpu_workers, a.threads, a.reserve_cores = min(a.width, 128), min(a.cpu_workers, 2), 1, 0
+        a.widths, a.cpu_workers, a.threads, a.reserve_cores = [64, 128], min(a.cpu_workers, 2), 1, 0
         a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
     steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
     warmup = a.warmup or (4 if a.cpu_dry_run else (8 if a.quick else 12))
@@ -379,7 +407,7 @@ def main(argv=None) -> int:
         res_path = tmp / "res.json"
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(tmp / "cluster.yaml"),
                "--mode", "ps", "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
-               "--worker", "--out", str(res_path), "--width", str(a.width), "--threads", str(a.threads),
+               "--worker", "--out", str(res_path), "--widths", *map(str, a.widths), "--threads", str(a.threads),
                "--reserve-cores", str(a.reserve_cores), "--global-batch", str(a.global_batch), "--min-step-s",
                str(a.min_step_s), "--max-step-s", str(a.max_step_s), "--max-batch", str(a.max_batch),
                "--steps", str(steps), "--warmup", str(warmup),
@@ -396,7 +424,7 @@ def main(argv=None) -> int:
     out["mixed"] = _report(res, a)
     out["phases"] = {k: res[k] for k in ("gpu", "cpu", "mixed")}
     out["calibration"] = res["calibration"]
-    out["config"] = {"width": a.width, "cpu_workers": a.cpu_workers, "threads": a.threads, "steps": steps,
+    out["config"] = {"width": res["calibration"]["width"], "widths": a.widths, "cpu_workers": a.cpu_workers, "threads": a.threads, "steps": steps,
                      "warmup": warmup, "devices": res.get("devices"), "gpu": res.get("gpu_name"),
                      "dry_run_on_cpu": a.cpu_dry_run, "host_cpus": os.cpu_count()}
     if a.cpu_dry_run:
