@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_map
 
 from ..errors import UserError
 from ..runtime.device import local_device, memory_limit, synchronize
-from .balance import (BalanceConfig, Balancer, estimate_memory_per_sample, median_spread, spread,
+from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample, median_spread, spread,
                       worker_gather)
 from .sampler import GlobalBatchSampler
 
@@ -59,7 +59,7 @@ class WorkerGroup:
 
     rank: int
     size: int
-    gather: Callable[[np.ndarray], np.ndarray]
+    gather: Gather  # gather(row) starts the exchange and returns wait() -> (workers x len(row))
     labels: tuple[str, ...] = ()
 
 
@@ -123,10 +123,15 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
         self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
         self._hook_end: tuple | None = None
-        if optimizer is not None:
-            inner = getattr(optimizer, "_inner", optimizer)
+        self._hook = None  # handle of the step post-hook on the wrapped optimizer
+
+    def _ensure_hook(self) -> None:
+        """Hook the end of `optimizer.step()` (the wrapped optimizer's step post-hook):
+        the step's compute ends there, before any logging or evaluation the loop does."""
+        if self._hook is None and self.optimizer is not None:
+            inner = getattr(self.optimizer, "_inner", self.optimizer)
             if hasattr(inner, "register_step_post_hook"):
-                inner.register_step_post_hook(self._on_step)
+                self._hook = inner.register_step_post_hook(self._on_step)
 
     # -- measurement
     def _stats(self) -> tuple[float, float, float, float]:
@@ -144,6 +149,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self._hook_end = (self._now(), self._stats())
 
     def _begin(self, samples: int) -> None:
+        self._ensure_hook()
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples)
         self._hook_end = None
@@ -173,6 +179,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.balancer.flush()
         self.exchange_s += time.perf_counter() - t0
         self._log()
+        if self._hook is not None:  # iterating again re-installs it
+            self._hook.remove()
+            self._hook = None
 
     def _log(self) -> None:
         rows = self.balancer.rows
