@@ -4,9 +4,9 @@ by measured step times (needs CUDA; elsewhere it exits 0 saying why).
   PYTHONPATH=. python bench/hetero_real.py [--quick] [--json PATH] [--png PATH]
 
 One `hetrain launch` (mode ps, 2 CPU summation servers) of this file as the worker on
-a cluster of one GPU worker (`cuda: true`) and `--cpu-workers` CPU workers with
-`--threads` threads each, pinned to their own cores. All phases run in that one launch,
-on an MLP (256 inputs, 3 hidden layers of a width from `--widths`, 10 classes;
+a cluster of one GPU worker (`cuda: true`, `threads: --gpu-threads`) and `--cpu-workers`
+CPU workers with `threads: --threads` each (the launcher pins each to cores of its own).
+All phases run in that one launch, on an MLP (256 inputs, 3 hidden layers of a width from `--widths`, 10 classes;
 synthetic data labelled by a fixed random teacher):
 
   calibrate   for every width, every worker times local steps (no communication) at a
@@ -108,21 +108,6 @@ def choose(calib: dict, given: int, min_step_s: float, max_step_s: float) -> tup
     return int(width), batch, best
 
 
-def _pin_cpu_worker(index: int, threads: int, reserve: int) -> list[int]:
-    """Give CPU worker `index` its own `threads` cores (from the top of this process's
-    allowed cores, leaving the lowest `reserve` for the GPU worker, servers and launcher)
-    and as many torch threads. The launcher's per-machine `threads:` will take this over."""
-    import torch
-
-    cores = sorted(os.sched_getaffinity(0))
-    usable = cores[reserve:] if len(cores) > reserve + threads else cores
-    start = len(usable) - (index + 1) * threads
-    mine = usable[max(0, start): max(0, start) + threads] or usable[-threads:]
-    os.sched_setaffinity(0, mine)
-    torch.set_num_threads(len(mine))
-    return mine
-
-
 def _mlp(width: int, inputs: int = 256, classes: int = 10, depth: int = 3):
     import torch
     import torch.nn as nn
@@ -150,20 +135,13 @@ def worker(a) -> int:
     import torch.nn.functional as F
 
     import hetrain
-    from hetrain.runtime.device import describe_device, local_device, synchronize
-    from hetrain.train.balance import BalanceConfig, StepTimeModel, solve_shares
+    from hetrain.runtime.memory import describe_device, synchronize
+    from hetrain.train.balance import BalanceConfig, StepTimeModel
     from hetrain.train.loader import BalancedLoader
 
     ctx = hetrain.init()
     rank, n = hetrain.rank(), hetrain.size()
-    device = local_device(ctx)
-    is_gpu = device.type == "cuda"
-    cpu_index = rank - 1  # rank 0 is the GPU machine in this cluster
-    if rank > 0:
-        cores = _pin_cpu_worker(cpu_index, a.threads, reserve=a.reserve_cores)
-    else:
-        torch.set_num_threads(1)
-        cores = sorted(os.sched_getaffinity(0))
+    device = hetrain.device()  # cuda:0 on gpu0; the CPU workers are pinned to their own cores (`threads:`)
     group = ctx.worker_group
 
     def gather(values) -> np.ndarray:
@@ -228,7 +206,7 @@ def worker(a) -> int:
     x_all, y_all = _data(max(2 * B, 4096))
     out: dict = {"calibration": {**calib[width], "samples": a.calib_batches, "global_batch": B, "width": width,
                                  "predicted": chosen, "widths": {str(w): c for w, c in calib.items()}},
-                 "workers": [p.machine.name for p in ctx.topology.workers],
+                 "workers": list(ctx.topology.worker_labels),
                  "threads": gather([float(torch.get_num_threads())])[:, 0].astype(int).tolist()}
 
     # -- gpu_local: the GPU worker alone, no communication
@@ -283,9 +261,13 @@ def worker(a) -> int:
 
 # ------------------------------------------------------------------------ the driver --
 
-def _cluster(cpu_workers: int, servers: int, dry_run: bool) -> dict:
-    machines = [{"name": "gpu0", "role": "worker", "device": {"kind": "cuda", "cuda": not dry_run}}]
-    machines += [{"name": f"cpu{i}", "role": "worker", "device": {"kind": "cpu"}} for i in range(cpu_workers)]
+def _cluster(cpu_workers: int, threads: int, gpu_threads: int, servers: int, dry_run: bool) -> dict:
+    """One GPU worker, `cpu_workers` CPU workers pinned to `threads` cores each (the
+    launcher's `threads:`), `servers` CPU summation machines. The dry run pins nothing."""
+    pin = (lambda t: {}) if dry_run else (lambda t: {"threads": t})  # noqa: E731
+    machines = [{"name": "gpu0", "role": "worker", "device": {"kind": "cuda", "cuda": not dry_run}, **pin(gpu_threads)}]
+    machines += [{"name": f"cpu{i}", "role": "worker", "device": {"kind": "cpu"}, **pin(threads)}
+                 for i in range(cpu_workers)]
     machines += [{"name": f"c{j}", "role": "cpu"} for j in range(servers)]
     return {"name": "gpu-host", "machines": machines}
 
@@ -363,7 +345,7 @@ def main(argv=None) -> int:
                          "while the predicted mixed/ideal stays high")
     ap.add_argument("--cpu-workers", type=int, default=3)
     ap.add_argument("--threads", type=int, default=4, help="threads (own cores) per CPU worker")
-    ap.add_argument("--reserve-cores", type=int, default=2, help="lowest cores left to the GPU worker and servers")
+    ap.add_argument("--gpu-threads", type=int, default=2, help="cores pinned to the GPU worker's process")
     ap.add_argument("--global-batch", type=int, default=0,
                     help="global batch (default: chosen from the calibration: CPU workers adding most to the GPU "
                          "while the predicted mixed/ideal stays >= 0.95)")
@@ -395,7 +377,7 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"skipped": reason, **out}, indent=2))
         return 0
     if a.cpu_dry_run:
-        a.widths, a.cpu_workers, a.threads, a.reserve_cores = [64, 128], min(a.cpu_workers, 2), 1, 0
+        a.widths, a.cpu_workers, a.threads = [64, 128], min(a.cpu_workers, 2), 1
         a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
     steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
     warmup = a.warmup or (4 if a.cpu_dry_run else (8 if a.quick else 12))
@@ -403,12 +385,12 @@ def main(argv=None) -> int:
         tmp = Path(d)
         import yaml
 
-        (tmp / "cluster.yaml").write_text(yaml.safe_dump(_cluster(a.cpu_workers, 2, a.cpu_dry_run)))
+        (tmp / "cluster.yaml").write_text(yaml.safe_dump(_cluster(a.cpu_workers, a.threads, a.gpu_threads, 2,
+                                                                  a.cpu_dry_run)))
         res_path = tmp / "res.json"
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(tmp / "cluster.yaml"),
                "--mode", "ps", "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
-               "--worker", "--out", str(res_path), "--widths", *map(str, a.widths), "--threads", str(a.threads),
-               "--reserve-cores", str(a.reserve_cores), "--global-batch", str(a.global_batch), "--min-step-s",
+               "--worker", "--out", str(res_path), "--widths", *map(str, a.widths), "--global-batch", str(a.global_batch), "--min-step-s",
                str(a.min_step_s), "--max-step-s", str(a.max_step_s), "--max-batch", str(a.max_batch),
                "--steps", str(steps), "--warmup", str(warmup),
                "--window", str(a.window), "--lr", str(a.lr), "--calib-reps", str(a.calib_reps),
@@ -424,7 +406,8 @@ def main(argv=None) -> int:
     out["mixed"] = _report(res, a)
     out["phases"] = {k: res[k] for k in ("gpu", "cpu", "mixed")}
     out["calibration"] = res["calibration"]
-    out["config"] = {"width": res["calibration"]["width"], "widths": a.widths, "cpu_workers": a.cpu_workers, "threads": a.threads, "steps": steps,
+    out["config"] = {"width": res["calibration"]["width"], "widths": a.widths, "cpu_workers": a.cpu_workers,
+                     "threads": a.threads, "gpu_threads": a.gpu_threads, "steps": steps,
                      "warmup": warmup, "devices": res.get("devices"), "gpu": res.get("gpu_name"),
                      "dry_run_on_cpu": a.cpu_dry_run, "host_cpus": os.cpu_count()}
     if a.cpu_dry_run:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-_API = {"init", "rank", "size", "push_pull", "broadcast_parameters", "DistributedOptimizer",
+_API = {"init", "rank", "size", "device", "push_pull", "broadcast_parameters", "DistributedOptimizer",
         "HookState", "ddp_comm_hook", "shutdown", "engine"}
 _TRAIN = {"BalancedLoader", "BalancedBatchSampler"}
 

@@ -18,8 +18,17 @@ _AREAS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (what is wrong, where to look),
+    like every other user error, instead of the whole usage text. Subcommands inherit it."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetrain", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="hetrain", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for path in _AREAS:
         try:
@@ -47,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         print("hetrain: interrupted", file=sys.stderr)
         return 130
     except UserError as err:  # user mistakes: a message, no traceback
-        print(f"hetrain: error: {err}", file=sys.stderr)
+        one_line = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"hetrain: error: {one_line}", file=sys.stderr)
         return 2
 
 

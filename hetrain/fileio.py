@@ -26,12 +26,20 @@ def read_structured(path: str | Path, what: str, error: type[UserError] = UserEr
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise error(f"{what} {p} is not valid YAML: {err}") from None
+        raise error(f"{what} {p} is not valid YAML: {yaml_problem(err)}") from None
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where (PyYAML's own text spans
+    several lines, with a copy of the offending line)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
 def format_validation_error(err: ValidationError, header: str, docs: str) -> str:
-    """One line per bad field: its dotted path and what to write instead."""
-    lines = [header]
+    """Every bad field, on one line: its dotted path and what to write instead."""
+    items = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
@@ -39,5 +47,5 @@ def format_validation_error(err: ValidationError, header: str, docs: str) -> str
             msg = f"unknown key {e['loc'][-1]!r}; check its spelling against {docs}"
         elif e["type"] == "missing":
             msg = f"required; add it (see {docs})"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
+        items.append(f"{loc}: {msg}")
+    return f"{header} {' | '.join(items)}"

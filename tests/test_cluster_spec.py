@@ -72,3 +72,48 @@ def test_roundtrip_through_file(tmp_path):
     path.write_text(yaml.safe_dump(_cluster()))
     c = load_cluster(path)
     assert c.workers[0].bandwidth == pytest.approx(125e6)
+
+
+def test_gpus_per_machine():
+    from hetrain.runtime.devices import plan_backends, worker_device
+    from hetrain.runtime.env import CommConfig
+    from hetrain.runtime.topology import build_topology
+
+    data = _cluster()
+    data["machines"][0]["gpus"] = 3
+    c = parse_cluster(data)
+    topo = build_topology(c, "byteps")
+    assert [(p.rank, p.local_rank) for p in topo.workers] == [(0, 0), (1, 1), (2, 2)]
+    assert topo.worker_machines == [[0, 1, 2]] and topo.local_peers(1) == [0, 1, 2]
+    servers = [p.machine.name for p in topo.servers]
+    assert len(servers) == len(set(servers))  # at most one server per machine, not one per GPU
+    assert all(worker_device(p).type == "cpu" for p in topo.workers)  # emulated GPUs
+    assert plan_backends(topo, CommConfig()).local == {"w0": "gloo"}
+    assert "local rank 2" in topo.describe(2)
+    data["machines"][0]["device"]["cuda"] = True
+    topo = build_topology(parse_cluster(data), "byteps")
+    assert [str(worker_device(p)) for p in topo.workers] == ["cuda:0", "cuda:1", "cuda:2"]
+    assert plan_backends(topo, CommConfig()).local == {"w0": "nccl"}
+    data["machines"][1]["gpus"] = 2
+    with pytest.raises(ClusterSpecError, match="remove its `gpus`"):
+        parse_cluster(data)
+    data["machines"][1].pop("gpus")
+    data["machines"][0]["gpus"] = 0
+    with pytest.raises(ClusterSpecError, match="machines.0.gpus"):
+        parse_cluster(data)
+
+
+def test_workers_sharing_a_gpu_stay_on_gloo():
+    from hetrain.errors import UserError
+    from hetrain.runtime.devices import plan_backends
+    from hetrain.runtime.env import CommConfig
+    from hetrain.runtime.topology import build_topology
+
+    two = {"machines": [{"name": f"g{i}", "role": "worker", "device": {"cuda": True}} for i in range(2)]}
+    topo = build_topology(parse_cluster(two), "allreduce")
+    assert plan_backends(topo, CommConfig(mode="allreduce")).worker == "gloo"  # both on cuda:0 of node 0
+    with pytest.raises(UserError, match="refuses two ranks on one GPU"):
+        plan_backends(topo, CommConfig(mode="allreduce", collective="nccl"))
+    two["machines"][1]["node"] = 1
+    topo = build_topology(parse_cluster(two), "allreduce")
+    assert plan_backends(topo, CommConfig(mode="allreduce")).worker == "nccl"

@@ -1,8 +1,8 @@
 """Cluster description: machines, their devices, NICs and addresses.
 
 A cluster is a list of machines. A *worker* machine has a compute device (real or
-emulated by a speed factor) and runs one training process, plus a co-located
-summation server in the modes that use one. A *cpu* machine only runs a summation
+emulated by a speed factor) and runs one training process per GPU (`gpus: N`, default
+one), plus a co-located summation server in the modes that use one. A *cpu* machine only runs a summation
 server (BytePS's spare-CPU idea). Files are YAML; every mistake is reported with the
 field's path and what to write instead.
 """
@@ -39,11 +39,13 @@ class SpeedChange(_Strict):
 
 class DeviceSpec(_Strict):
     """A worker's compute device: kind name, emulated speed factor (1 = its real speed),
-    whether it is a CUDA GPU, and an optional memory override.
+    whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<local rank>`) or
+    a CPU (the default; slowed down by the speed factor when below 1), and an optional
+    memory override (per GPU).
 
     `memory` unset (the default): batch shares are capped by what the device itself
     reports free (GPU: the driver; CPU: cgroup / RLIMIT_AS / available RAM, see
-    `hetrain.runtime.device`). Set it to cap shares by a given size instead."""
+    `hetrain.runtime.memory`). Set it to cap shares by a given size instead."""
 
     kind: str = "cpu"
     speed: float = Field(default=1.0, gt=0, le=1)
@@ -79,6 +81,12 @@ class MachineSpec(_Strict):
     bandwidth: float = Field(default=1.25e9, description="NIC bytes/s each way, or '10gbit'")
     address: str = "127.0.0.1"
     node: int = Field(default=0, ge=0, description="which launcher (node rank) starts it")
+    # worker machines: one training process per GPU, bound to cuda:<local index> when
+    # device.cuda is true (emulated GPUs otherwise); None = one process
+    gpus: int | None = Field(default=None, ge=1, le=64)
+    # a worker's own cores: its process is pinned to `threads` cores of its host that no
+    # other pinned worker gets, with torch.set_num_threads / OMP_NUM_THREADS = threads
+    threads: int | None = Field(default=None, ge=1, le=4096, description="cores pinned to the worker process")
 
     @field_validator("bandwidth", mode="before")
     @classmethod
@@ -100,7 +108,17 @@ class MachineSpec(_Strict):
             raise ValueError(f"worker machine {self.name!r} has no device; add e.g. `device: {{kind: gpu, speed: 1.0}}`")
         if self.role == "cpu" and self.device is not None:
             raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `device`")
+        if self.role == "cpu" and self.gpus is not None:
+            raise ValueError(f"cpu machine {self.name!r} runs only a summation server; remove its `gpus`")
+        if self.role == "cpu" and self.threads is not None:
+            raise ValueError(f"cpu machine {self.name!r}: `threads` pins a worker's training process; summation "
+                             "servers use the cores no worker is pinned to. Remove `threads` here")
         return self
+
+    @property
+    def local_workers(self) -> int:
+        """Training processes on this machine (one per GPU; 0 for a cpu machine)."""
+        return 0 if self.role == "cpu" else (self.gpus or 1)
 
 
 class NetworkSpec(_Strict):

@@ -19,6 +19,8 @@ rate works in every mode.
 Wire format: a float64 control tensor [kind, worker, clock, lr, momentum, numel, batch] with
 a fixed tag, then a float32 slice; servers listen to any worker for control tensors.
 Replies carry the parameters plus [server version, slowest clock]. Nothing is pickled.
+Tags come from the async-ps range of comm/p2p.py. A GPU worker's gradients and
+parameters cross to the host through one pinned buffer per direction.
 """
 from __future__ import annotations
 
@@ -27,14 +29,15 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..errors import UserError
 from ..runtime.context import Context
-from .partition import Partition
+from . import p2p
+from .partition import Partition, plan_for
 
-CTRL_TAG, DATA_TAG, PARAM_TAG = 1 << 20, (1 << 20) + 1, (1 << 20) + 2
+CTRL_TAG, DATA_TAG, PARAM_TAG = p2p.ASYNC_PS(0), p2p.ASYNC_PS(1), p2p.ASYNC_PS(2)
 SETUP, PUSH, STOP = 1.0, 2.0, 3.0
 CTRL_LEN = 7
 
@@ -42,6 +45,12 @@ CTRL_LEN = 7
 def bound_of(ctx: Context) -> float:
     """The staleness bound s of the job (inf for fully asynchronous)."""
     return math.inf if ctx.comm.sync == "async" else float(ctx.comm.staleness)
+
+
+def parts_of(ctx: Context, numel: int) -> list[Partition]:
+    """The same partition plan as the synchronous modes (comm/partition.py)."""
+    shares = np.array([p.share for p in ctx.topology.servers])
+    return plan_for(shares, numel, ctx.comm.partition_bytes, ctx.comm.max_lanes)
 
 
 def server_index(parts: list[Partition], j: int) -> torch.Tensor:
@@ -53,73 +62,72 @@ def server_index(parts: list[Partition], j: int) -> torch.Tensor:
 class AsyncClient:
     """Worker side: push a gradient, pull fresh parameters (optimizer runs on servers)."""
 
-    def __init__(self, ctx: Context, named_params: list[tuple[str, torch.Tensor]], lr: float, momentum: float = 0.0):
-        from .server import plan_for
-
+    def __init__(self, ctx: Context, named_params: list[tuple[str, torch.Tensor]], lr: float, momentum: float = 0.0,
+                 batch: int = 1):
         if not ctx.topology or not ctx.topology.servers:
             raise UserError(f"sync mode {ctx.comm.sync!r} needs parameter servers; use mode ps, byteps or colocated")
         self.ctx = ctx
         self.params = [p for _, p in named_params]
         self.numel = sum(p.numel() for p in self.params)
         self.servers = [p.rank for p in ctx.topology.servers]
-        parts = plan_for(ctx, self.numel)
+        parts = parts_of(ctx, self.numel)
         self.index = [server_index(parts, j) for j in range(len(self.servers))]
         self.worker = ctx.topology.proc(ctx.rank).index
         self.lr, self.momentum = float(lr), float(momentum)
         self.clock = 0
-        self.batch = 1
+        self.batch = max(0, int(batch))  # announced with SETUP: the first round is weighted right
         self.bound = bound_of(ctx)
         self.max_gap = 0  # largest (my clock − slowest clock) seen when a pull returned
         self.wait_s = 0.0  # time blocked on pulls (includes being held back by the bound)
         self.bytes = 0
         self._replies = [torch.zeros(len(ix) + 2) for ix in self.index]
-        self._exchange(SETUP, self._flat_params())
+        devices = {p.device for p in self.params}
+        if len(devices) > 1:
+            raise UserError(f"DistributedOptimizer: parameters are on several devices ({sorted(map(str, devices))}); "
+                            "put the whole model on hetrain.device()")
+        self.device = devices.pop() if devices else torch.device("cpu")
+        pinned = self.device.type == "cuda"  # gradients and parameters cross PCIe once per step each
+        self._host = torch.empty(self.numel, pin_memory=pinned)
+        self._exchange(SETUP, self._to_host([p.detach() for p in self.params]))
 
-    def _flat_params(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).float() for p in self.params])
+    def _to_host(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors back to back as fp32 in host memory (never a device pointer for gloo)."""
+        flat = p2p.flatten(tensors, dtype=torch.float32) if self.device.type == "cuda" else None
+        if flat is not None:
+            self._host.copy_(flat)
+            return self._host
+        return p2p.flatten(tensors, dtype=torch.float32, out=self._host)
 
     def _exchange(self, kind: float, flat: torch.Tensor | None) -> None:
         """Send a control tensor (and a slice) to every server; unless stopping, pull
         the parameters back. Receives are posted first and sends are non-blocking, so
         no cycle of blocked sends can form between workers and servers."""
         pull = kind != STOP
-        recvs = [dist.irecv(buf, src=src, tag=PARAM_TAG) for buf, src in zip(self._replies, self.servers)] if pull else []
+        recvs = [p2p.irecv(buf, src, PARAM_TAG) for buf, src in zip(self._replies, self.servers)] if pull else []
         ctrl = torch.tensor([kind, self.worker, self.clock, self.lr, self.momentum, self.numel, self.batch],
                             dtype=torch.float64)
         sends = []
         for j, dst in enumerate(self.servers):
-            sends.append((dst, dist.isend(ctrl, dst=dst, tag=CTRL_TAG), ctrl))
+            sends.append((dst, p2p.isend(ctrl, dst, CTRL_TAG), ctrl))
             if flat is not None:
                 payload = flat[self.index[j]].contiguous()
-                sends.append((dst, dist.isend(payload, dst=dst, tag=DATA_TAG), payload))
+                sends.append((dst, p2p.isend(payload, dst, DATA_TAG), payload))
                 self.bytes += payload.numel() * 4
         t0 = time.perf_counter()
-        for dst, w, _ in sends:
-            self._wait(w, dst, "pushing to it")
-        for w, src in zip(recvs, self.servers):
-            self._wait(w, src, "pulling parameters from it")
+        p2p.wait_all([(dst, w) for dst, w, _ in sends], self.ctx.peer_error, "pushing to it")
+        p2p.wait_all(list(zip(self.servers, recvs)), self.ctx.peer_error, "pulling parameters from it")
         self.wait_s += time.perf_counter() - t0
         if pull:
             self._apply()
 
-    def _wait(self, work, peer: int, what: str) -> None:
-        try:
-            work.wait()
-        except RuntimeError as err:
-            raise self.ctx.peer_error(what, [peer], err) from None
-
     def _apply(self) -> None:
-        flat = torch.empty(self.numel)
+        flat = self._host
         for ix, buf in zip(self.index, self._replies):
             flat[ix] = buf[:-2]
             self.bytes += buf.numel() * 4
             self.max_gap = max(self.max_gap, int(self.clock - buf[-1].item()))
-        off = 0
-        with torch.no_grad():
-            for p in self.params:
-                n = p.numel()
-                p.copy_(flat[off: off + n].view_as(p))
-                off += n
+        src = flat.to(self.device, non_blocking=True) if self.device.type == "cuda" else flat
+        p2p.copy_back(src, self.params)
 
     def step(self, lr: float | None = None, batch_size: int | None = None) -> None:
         """Push this worker's gradients (p.grad, the mean over its `batch_size` samples)
@@ -128,8 +136,7 @@ class AsyncClient:
             self.lr = float(lr)
         if batch_size is not None:
             self.batch = max(0, int(batch_size))
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
-                           for p in self.params])
+        grads = self._to_host([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         self.clock += 1
         self._exchange(PUSH, grads)
 
@@ -143,7 +150,7 @@ def send_stop(ctx: Context) -> None:
     ctrl = torch.tensor([STOP, ctx.topology.proc(ctx.rank).index, 0, 0, 0, 0, 0], dtype=torch.float64)
     for s in ctx.topology.servers:
         try:
-            dist.send(ctrl, dst=s.rank, tag=CTRL_TAG)
+            p2p.send(ctrl, s.rank, CTRL_TAG)
         except RuntimeError as err:
             raise ctx.peer_error("telling the parameter servers the job is over", [s.rank], err) from None
 
@@ -162,6 +169,7 @@ class ParameterServer:
         self.clocks = {w: 0 for w in self.workers}
         self.batches: dict[int, float | None] = {w: None for w in self.workers}  # latest batch size per worker
         self.stopped: set[int] = set()
+        self.joined: set[int] = set()  # workers whose SETUP arrived
         self.waiting: list[int] = []  # workers whose pull is held back
         self.max_gap = 0
         self.pushes = 0
@@ -173,38 +181,33 @@ class ParameterServer:
 
     def _release(self) -> None:
         slowest = self._slowest()
+        # the first pull (after SETUP) waits for every worker's SETUP: then every worker's
+        # batch size is known before the first push is weighted, and all start alike
+        everyone = len(self.joined | self.stopped) == len(self.workers)
         still = []
         for w in self.waiting:
             gap = self.clocks[w] - slowest
-            if gap <= self.bound:
+            if gap <= self.bound and (everyone or self.clocks[w] > 0):
                 self.max_gap = max(self.max_gap, int(gap))
                 reply = torch.cat([self.params, torch.tensor([float(self.version), float(slowest)])])
-                self.sends.append((w, dist.isend(reply, dst=w, tag=PARAM_TAG), reply))
+                self.sends.append((w, p2p.isend(reply, w, PARAM_TAG), reply))
             else:
                 still.append(w)
         self.waiting = still
         keep = []
         for w, work, buf in self.sends:  # retire finished replies without blocking
             if work.is_completed():
-                self._wait(work, w)
+                p2p.wait(work, self.ctx.peer_error, "returning parameters to it", [w])
             else:
                 keep.append((w, work, buf))
         self.sends = keep
 
-    def _wait(self, work, peer: int) -> None:
-        try:
-            work.wait()
-        except RuntimeError as err:
-            raise self.ctx.peer_error("returning parameters to it", [peer], err) from None
-
     def serve_forever(self) -> None:
-        from .server import plan_for
-
         ctrl = torch.zeros(CTRL_LEN, dtype=torch.float64)
         index = None
         while len(self.stopped) < len(self.workers):
             try:
-                src = dist.recv(ctrl, src=None, tag=CTRL_TAG)
+                src = p2p.recv(ctrl, None, CTRL_TAG)
             except RuntimeError as err:
                 raise self.ctx.peer_error("waiting for a push", [], err) from None
             kind, _, clock, lr, momentum, numel, batch = ctrl.tolist()
@@ -212,16 +215,18 @@ class ParameterServer:
                 self.stopped.add(src)
             else:
                 if index is None:
-                    index = server_index(plan_for(self.ctx, int(numel)), self.index)
+                    index = server_index(parts_of(self.ctx, int(numel)), self.index)
                 data = torch.empty(len(index))
                 try:
-                    dist.recv(data, src=src, tag=DATA_TAG)
+                    p2p.recv(data, src, DATA_TAG)
                 except RuntimeError as err:
                     raise self.ctx.peer_error("receiving a push", [src], err) from None
                 if kind == SETUP:
                     if self.params is None:  # every worker starts from the same parameters
                         self.params = data.clone()
                         self.velocity = torch.zeros_like(data)
+                    self.joined.add(src)
+                    self.batches[src] = batch
                 else:
                     self.batches[src] = batch
                     known = [b for b in self.batches.values() if b is not None]
@@ -240,8 +245,7 @@ class ParameterServer:
                 self.clocks[src] = int(clock)
                 self.waiting.append(src)
             self._release()
-        for w, work, _ in self.sends:
-            self._wait(work, w)
+        p2p.wait_all([(w, work) for w, work, _ in self.sends], self.ctx.peer_error, "returning parameters to it")
 
     def write_report(self, run_dir: str) -> None:
         path = Path(run_dir) / f"ps-server{self.index}.json"

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import UserError
+from ..runtime.env import CODECS, parse_rules  # noqa: F401  (the vocabulary is part of the job config)
+
 BLOCK = 256  # elements per quantization scale
 FP16_MAX = 65504.0
-CODECS = ("fp32", "fp16", "int8", "int4")
 
 
 def _pad4(nbytes: int) -> int:
@@ -38,8 +40,6 @@ class Codec:
 
     def __post_init__(self) -> None:
         if self.name not in CODECS:
-            from ..errors import UserError
-
             raise UserError(f"unknown codec {self.name!r}; choose one of {', '.join(CODECS)}")
 
     @property
@@ -73,7 +73,7 @@ class Codec:
         levels = 127 if self.name == "int8" else 7
         n = x.numel()
         blocks = -(-n // BLOCK)
-        padded = torch.zeros(blocks * BLOCK)
+        padded = torch.zeros(blocks * BLOCK, device=x.device)
         padded[:n] = x.abs()
         amax = padded.view(blocks, BLOCK).amax(1)
         return (amax / levels / 2 * (1 + 1e-5) + 1e-30).repeat_interleave(BLOCK)[:n]
@@ -91,7 +91,7 @@ class Codec:
             return
         levels = 127 if self.name == "int8" else 7
         blocks = -(-n // BLOCK)
-        padded = torch.zeros(blocks * BLOCK)
+        padded = torch.zeros(blocks * BLOCK, device=x.device)
         padded[:n] = x
         v = padded.view(blocks, BLOCK)
         scale = v.abs().amax(1) / levels
@@ -104,7 +104,7 @@ class Codec:
         else:
             u = (q + 8).to(torch.uint8)
             if n % 2:
-                u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8)])
+                u = torch.cat([u, torch.full((1,), 8, dtype=torch.uint8, device=u.device)])
             pairs = u.view(-1, 2)
             body[: pairs.shape[0]].copy_(pairs[:, 0] | (pairs[:, 1] << 4))
 
@@ -127,7 +127,7 @@ class Codec:
         else:
             packed = body[: -(-n // 2)]
             q = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[:n].float() - 8.0
-        full = torch.zeros(blocks * BLOCK)
+        full = torch.zeros(blocks * BLOCK, device=out.device)
         full[:n] = q
         out.copy_((full.view(blocks, BLOCK) * scale[:, None]).reshape(-1)[:n])
 
@@ -148,9 +148,10 @@ class ErrorFeedback:
     step's quantization error, whatever the codec.
     """
 
-    def __init__(self, numel: int):
-        self.residual = torch.zeros(numel)
-        self._tmp = torch.empty(numel)
+    def __init__(self, numel: int, device: torch.device | str = "cpu"):
+        # on a GPU worker the residual stays on the GPU: codecs encode there, before the copy
+        self.residual = torch.zeros(numel, device=device)
+        self._tmp = torch.empty(numel, device=device)
 
     def encode(self, codec: Codec, x: torch.Tensor, out: torch.Tensor, start: int = 0) -> None:
         n = x.numel()
@@ -184,20 +185,6 @@ def auto_codec(numel: int, bandwidth: float) -> str:
     if gbit >= 1:
         return "int8"
     return "int4"
-
-
-def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
-    """`NAME_GLOB=CODEC` rules, e.g. `*.bias=fp32`; the first match wins."""
-    from ..errors import UserError
-
-    out = []
-    for r in rules:
-        pattern, sep, codec = r.partition("=")
-        if not sep or not pattern or codec not in CODECS + ("auto",):
-            raise UserError(f"codec rule {r!r} must look like NAME_GLOB=CODEC with CODEC one of "
-                            f"{', '.join(CODECS + ('auto',))} (e.g. '*.bias=fp32')")
-        out.append((pattern, codec))
-    return out
 
 
 def codec_for(name: str, numel: int, default: str, rules, bandwidth: float) -> str:

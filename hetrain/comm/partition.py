@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.topology import lanes_for  # noqa: F401  (the lane count is the topology's)
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -101,11 +103,12 @@ def split_lanes(parts: list[Partition], lanes: list[int]) -> list[Partition]:
     return out
 
 
-def lanes_for(shares: np.ndarray, max_lanes: int = 8) -> list[int]:
-    """Parallel connections per server, proportional to its share (at least 1)."""
+def plan_for(shares, numel: int, partition_bytes: int, max_lanes: int = 1) -> list[Partition]:
+    """The partition plan every rank derives from the same flat size and server shares
+    (fp32 elements of about `partition_bytes`, cut across lanes when there are several)."""
     shares = np.asarray(shares, dtype=float)
-    smallest = shares[shares > 0].min()
-    return [int(min(max_lanes, max(1, round(s / smallest)))) if s > 0 else 1 for s in shares]
+    elems = max(1, partition_bytes // 4)
+    return split_lanes(plan_partitions(numel, shares, elems), lanes_for(shares, max_lanes))
 
 
 def bytes_per_server(parts: list[Partition], num_servers: int, itemsize: int = 4) -> np.ndarray:

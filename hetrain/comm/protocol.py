@@ -3,19 +3,22 @@
 Every step each worker tells each server, in one direct message, what it pushes (see
 "the fast path" below). When that is not enough (the first step, a new layout,
 disagreeing workers, a partial stop) every rank, servers included, all-reduces one int64
-header [Σd, Σd², Σweight, Σstop, Σworkers, Σnumel], which tells whether the workers
-agree on the tensors (n·Σd² = (Σd)²), the total batch weight, and whether the job ends.
+header [Σd, Σd², Σweight, Σstop, Σworkers, Σnumel, Σconflict], which tells whether the
+workers agree on the tensors (n·Σd² = (Σd)²), the total batch weight, whether the job
+ends, and (from the servers) whether the workers of one machine disagree on averaging.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from . import p2p
 from .layout import Manifest, TensorMismatchError, describe_mismatch, exchange_manifests
 
-STOP, STEP = 1, 0
+HEADER_LEN = 7
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Header:
     stops: int
     workers: int
     numel: int
+    conflict: int = 0  # Σ over servers of (1 + index of a machine whose workers disagree on `average`)
 
     @property
     def agreed(self) -> bool:
@@ -42,14 +46,16 @@ class Header:
 
 
 def exchange_header(*, digest: int = 0, weight: int = 0, stop: bool = False, numel: int = 0,
-                    is_worker: bool) -> Header:
+                    is_worker: bool, conflict: int = 0) -> Header:
     w = 1 if is_worker else 0
-    t = torch.tensor([digest * w, digest * digest * w, weight * w, int(stop) * w, w, numel * w], dtype=torch.int64)
+    t = torch.tensor([digest * w, digest * digest * w, weight * w, int(stop) * w, w, numel * w, conflict],
+                     dtype=torch.int64)
     dist.all_reduce(t)
     return Header(*(int(x) for x in t.tolist()))
 
 
-def check_header(h: Header, n_workers: int, manifest: Manifest | None) -> None:
+def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers: int = 1,
+                 machine_names: Sequence[str] = ()) -> None:
     """Raise the same clear error on every rank when the workers disagree."""
     if h.workers != n_workers:  # pragma: no cover - world mismatch is caught at init
         raise RuntimeError(f"expected {n_workers} workers in the step header, got {h.workers}")
@@ -57,6 +63,13 @@ def check_header(h: Header, n_workers: int, manifest: Manifest | None) -> None:
         raise TensorMismatchError(
             f"{h.stops} of {n_workers} workers ended the job while the others called push_pull: every worker "
             "must run the same number of steps (use equal step counts per epoch, e.g. hetrain's sampler)")
+    if h.conflict:
+        m = h.conflict // max(1, n_servers) - 1
+        name = machine_names[m] if 0 <= m < len(machine_names) else f"#{m}"
+        raise TensorMismatchError(
+            f"the workers of machine {name} called push_pull with different `average` flags in one step; the "
+            "workers of a machine add their gradients before the servers see them, so they must all average "
+            "or all sum")
     if not h.agreed:
         manifests = exchange_manifests(manifest)
         workers = {r: m for r, m in enumerate(manifests) if m is not None}
@@ -77,7 +90,7 @@ def check_header(h: Header, n_workers: int, manifest: Manifest | None) -> None:
 # control message and its partitions at once, without a round trip: gloo only moves a
 # message once the receiver has posted it. Partition tags carry the layout's epoch, so a
 # step with a new layout never meets the receives posted for the old one.
-CTRL_TAG, REPLY_TAG = (1 << 20) + 8, (1 << 20) + 9  # async_ps uses (1 << 20) + 0..2
+CTRL_TAG, REPLY_TAG = p2p.ANNOUNCE(0), p2p.ANNOUNCE(1)
 CTRL_VERSION = 1
 CTRL_LEN = 6
 OK, SLOW, STOPPED = 0, 1, 2
@@ -86,8 +99,9 @@ MAX_EPOCHS = 1000  # tags stay below 2**31; after that many layouts, no more spe
 
 
 def part_tag(epoch: int, pid: int) -> int:
-    """The tag of partition `pid` under layout `epoch` (unique per layout while speculating)."""
-    return pid if epoch >= MAX_EPOCHS else MAX_PARTITIONS * (1 + epoch) + pid
+    """The tag of partition `pid` under layout `epoch`: one block of MAX_PARTITIONS tags
+    per layout while speculating, block 0 afterwards (p2p.PARTITIONS)."""
+    return p2p.PARTITIONS(MAX_PARTITIONS * (epoch if speculating(epoch) else 0) + pid)
 
 
 def speculating(epoch: int) -> bool:
@@ -107,8 +121,8 @@ class ControlExchange:
         self.servers = servers
         self.msg = torch.tensor([CTRL_VERSION, digest, numel, weight, int(stop), int(average)], dtype=torch.int64)
         self.replies = [torch.zeros(2, dtype=torch.int64) for _ in servers]
-        self.recvs = [dist.irecv(r, src=s, tag=REPLY_TAG) for r, s in zip(self.replies, servers)]
-        self.sends = [dist.isend(self.msg, dst=s, tag=CTRL_TAG) for s in servers]
+        self.recvs = [p2p.irecv(r, src=s, tag=REPLY_TAG) for r, s in zip(self.replies, servers)]
+        self.sends = [p2p.isend(self.msg, dst=s, tag=CTRL_TAG) for s in servers]
 
     def wait(self) -> list[Reply]:
         for w in self.sends + self.recvs:
@@ -126,7 +140,7 @@ class ControlInbox:
         self._post()
 
     def _post(self) -> None:
-        self.works = [dist.irecv(self.bufs[i], src=w, tag=CTRL_TAG) for i, w in enumerate(self.workers)]
+        self.works = [p2p.irecv(self.bufs[i], src=w, tag=CTRL_TAG) for i, w in enumerate(self.workers)]
 
     def wait(self, on_error) -> torch.Tensor:
         """All workers' messages (one row each); `on_error(worker, err)` names a lost peer.
@@ -143,7 +157,7 @@ class ControlInbox:
         self._post()
 
     @staticmethod
-    def verdict(rows: torch.Tensor, digest: int) -> int:
+    def verdict(rows: torch.Tensor, digest: int, conflict: int = -1) -> int:
         """OK when every worker pushes the layout the servers already hold; STOPPED when
         all end the job; SLOW for everything else (the header path sorts it out)."""
         if bool((rows[:, 0] != CTRL_VERSION).any()):
@@ -151,19 +165,120 @@ class ControlInbox:
         stops = int(rows[:, 4].sum())
         if stops == len(rows):
             return STOPPED
-        if stops == 0 and digest != 0 and bool((rows[:, 1] == digest).all()):
+        if stops == 0 and conflict < 0 and digest != 0 and bool((rows[:, 1] == digest).all()):
             return OK
         return SLOW
 
     @staticmethod
-    def coefficients(rows: torch.Tensor) -> torch.Tensor:
-        """Each worker's factor in the sum: b_i / Σb for workers that average (0 when
-        every batch is empty: the workers raise), 1 for workers that ask for the sum."""
+    def coefficients(rows: torch.Tensor, machines: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
+        """Each pusher's factor in the sum, one per machine (rows of `machines`, by worker
+        index), and the index of a machine whose workers disagree on averaging (-1: none).
+
+        A machine with one worker pushes its gradient as is: factor b_i / Σb when it
+        averages (0 when every batch is empty: the workers raise), 1 for a plain sum. A
+        machine with several workers pushes the local sum of b_l·g_l (averaging) or of g_l,
+        so its factor is 1/Σb or 1."""
         weight, average = rows[:, 3].double(), rows[:, 5].bool()
         total = float(weight.sum())
-        scaled = weight / total if total > 0 else torch.zeros_like(weight)
-        return torch.where(average, scaled, torch.ones_like(weight)).float()
+        out, conflict = [], -1
+        for m, idx in enumerate(machines):
+            avg = {bool(average[i]) for i in idx}
+            if len(avg) > 1 and conflict < 0:
+                conflict = m
+            if not any(avg):
+                out.append(1.0)
+            elif len(idx) == 1:
+                out.append(float(weight[idx[0]]) / total if total > 0 else 0.0)
+            else:
+                out.append(1.0 / total if total > 0 else 0.0)
+        return torch.tensor(out, dtype=torch.float32), conflict
 
     def answer(self, status: int, weight: int) -> list:
         reply = torch.tensor([status, weight], dtype=torch.int64)
-        return [(w, dist.isend(reply, dst=w, tag=REPLY_TAG)) for w in self.workers]
+        return [(w, p2p.isend(reply, dst=w, tag=REPLY_TAG)) for w in self.workers]
+
+
+class Announcer:
+    """Worker side of the step protocol: announce each step to the servers (or, without
+    servers, all-reduce the header), take the header path when the servers ask for it, and
+    keep the layout every rank agreed on (its digest and epoch). `on_layout(manifest)` is
+    called when a new layout has been agreed, before any partition of it is sent."""
+
+    def __init__(self, ctx, servers: list[int], on_layout: Callable[[Manifest], None]):
+        self.ctx = ctx
+        self.servers = servers
+        self.on_layout = on_layout
+        self.digest = 0
+        self.epoch = 0  # layouts seen so far (partition tags carry it)
+        machines = ctx.topology.worker_machines if ctx.topology else [[0]]
+        self.machine_names = [ctx.topology.proc(r[0]).machine.name for r in machines] if ctx.topology else ["w0"]
+
+    def announce(self, manifest: Manifest, weight: int, average: bool) -> tuple[ControlExchange | None, int]:
+        """Send this step's control message to every server. With an unchanged layout the
+        servers already hold receives for it, so return at once (read the answers, with
+        Σb, with `answers`); otherwise wait for them and take the header path, which gives
+        Σb now."""
+        digest = manifest.digest()
+        try:
+            control = ControlExchange(self.servers, digest=digest, numel=manifest.numel, weight=weight,
+                                      stop=False, average=average)
+            if digest == self.digest and speculating(self.epoch):
+                return control, -1
+            replies = control.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error("announcing the step to the summation servers", [], err) from None
+        status = {r.status for r in replies}
+        if status == {OK}:  # unchanged layout, not speculating (after MAX_EPOCHS layouts)
+            return control, -1
+        if status != {SLOW}:  # pragma: no cover - servers decide alike
+            self.ctx.failed = True
+            raise RuntimeError(f"summation servers answered a new layout with {replies}")
+        return None, self.header(manifest, weight)
+
+    def answers(self, control: ControlExchange, manifest: Manifest, weight: int) -> int:
+        """The servers' verdict on a step announced without waiting; anything but OK means
+        the workers disagree, and the header path says how, on every rank. Returns Σb."""
+        try:
+            replies = control.wait()
+        except RuntimeError as err:
+            raise self.ctx.peer_error("waiting for the summation servers' answer", [], err) from None
+        status = {r.status for r in replies}
+        if status == {SLOW}:
+            self.header(manifest, weight)  # raises the mismatch on every rank
+        if status != {OK}:  # pragma: no cover - servers decide alike
+            self.ctx.failed = True
+            raise RuntimeError(f"summation servers disagree about the step: {replies}")
+        return replies[0].weight
+
+    def header(self, manifest: Manifest, weight: int) -> int:
+        """The global step header (every rank): new layouts, mismatches and stops."""
+        ctx = self.ctx
+        try:
+            h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True)
+        except RuntimeError as err:
+            raise ctx.peer_error("exchanging the step header", [], err) from None
+        self._check(h, manifest)
+        if h.digest != self.digest:
+            exchange_manifests(manifest)
+            self.digest = h.digest
+            self.epoch += 1
+            self.on_layout(manifest)
+        return h.weight
+
+    def _check(self, h: Header, manifest: Manifest | None) -> None:
+        try:
+            check_header(h, self.ctx.num_workers, manifest, len(self.servers), self.machine_names)
+        except TensorMismatchError:
+            self.ctx.failed = True
+            raise
+
+    def stop(self) -> None:
+        """Tell the summation servers the job is over (every worker calls this once)."""
+        try:
+            replies = ControlExchange(self.servers, digest=0, numel=0, weight=0, stop=True, average=False).wait()
+            if {r.status for r in replies} == {STOPPED}:
+                return
+            h = exchange_header(stop=True, is_worker=True)  # not every worker stops: say so everywhere
+        except RuntimeError as err:
+            raise self.ctx.peer_error("telling the servers the job is over", [], err) from None
+        self._check(h, None)

@@ -3,6 +3,12 @@
 The optimizer stays on the workers (BytePS's split of the parameter-server role), so a
 server is optimizer-agnostic and cheap enough for spare CPU machines. Run it with
 `python -m hetrain.comm.server` (the launcher does) on every server rank.
+
+Each partition has one pusher per worker machine (comm/flatlayout.py): the machine's
+only worker, or, on a machine with several workers, the one that owns the partition
+after the machine's local reduce. The server weights each machine's push by the factor
+the announcement gives (comm/protocol.py, `ControlInbox.coefficients`), so the sum is
+the batch-weighted average over every worker whatever the machines look like.
 """
 from __future__ import annotations
 
@@ -11,21 +17,15 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..runtime.context import Context, init, teardown
+from . import p2p
 from .compress import ErrorFeedback
-from .layout import Manifest, exchange_manifests
-from .partition import Partition, lanes_for, plan_partitions, split_lanes
+from .flatlayout import FlatLayout
+from .layout import Entry, Manifest, exchange_manifests
+from .partition import Partition, plan_for
 from .protocol import OK, SLOW, STOPPED, ControlInbox, check_header, exchange_header, part_tag, speculating
-from .wire import decode_part, encode_part, tensor_codecs, wire_plan
-
-
-def plan_for(ctx: Context, numel: int) -> list[Partition]:
-    """The partition plan every rank derives from the same manifest size and shares."""
-    shares = np.array([p.share for p in ctx.topology.servers])
-    elems = max(1, ctx.comm.partition_bytes // 4)
-    return split_lanes(plan_partitions(numel, shares, elems), lanes_for(shares, ctx.comm.max_lanes))
+from .wire import decode_part, encode_part, wire_codecs
 
 
 class SummationServer:
@@ -34,26 +34,33 @@ class SummationServer:
         me = ctx.topology.proc(ctx.rank)
         self.index = me.index
         self.workers = ctx.topology.worker_ranks
+        self.machines = ctx.topology.worker_machines  # worker ranks (= indices) per machine
+        self.machine_names = [ctx.topology.proc(m[0]).machine.name for m in self.machines]
+        self.n_servers = len(ctx.topology.servers)
+        self.shares = np.array([p.share for p in ctx.topology.servers])
         self.digest = 0
         self.epoch = 0  # layouts seen so far (partition tags carry it)
-        self.coef = torch.ones(len(self.workers))
+        self.coef = torch.ones(len(self.machines))
+        self.conflict = -1
         self.mine: list[Partition] = []
+        self.pushers: list[tuple[int, ...]] = []
         self.bufs: list[torch.Tensor] = []
         self.sums: list[torch.Tensor] = []
+        self.wire = None
         self.steps = 0
         self.busy_s = 0.0
 
     def _replan(self, numel: int, manifest: Manifest | None = None) -> None:
-        parts = plan_for(self.ctx, numel)
+        c = self.ctx.comm
+        parts = plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
+        codecs = wire_codecs(manifest, c, self.ctx.cluster) if manifest is not None and manifest.numel == numel else None
+        if manifest is None or manifest.numel != numel:
+            manifest = Manifest((Entry("flat", (numel,)),))  # only the size is known
+        layout = FlatLayout.build(manifest, parts, codecs, self.machines)
         self.mine = [p for p in parts if p.server == self.index]
-        n = len(self.workers)
-        self.wire = None
-        if manifest is not None and manifest.numel == numel:
-            from .engine import wire_codecs
-
-            wire = wire_plan(parts, manifest, wire_codecs(self.ctx, manifest))
-            if wire is not None:
-                self.wire = [wire[p.pid] for p in self.mine]
+        self.pushers = [layout.pushers[p.pid] for p in self.mine]
+        n = len(self.machines)
+        self.wire = [layout.wire[p.pid] for p in self.mine] if layout.wire is not None else None
         if self.wire is None:
             self.bufs = [torch.empty(n, p.length) for p in self.mine]
             self.sums = [torch.empty(p.length) for p in self.mine]
@@ -71,12 +78,12 @@ class SummationServer:
         spec = None  # receives already posted for the next step (same layout)
         while True:
             rows = inbox.wait(lambda w, err: self.ctx.peer_error("waiting for the next step", [w], err))
-            status = inbox.verdict(rows, self.digest)
+            self.coef, self.conflict = inbox.coefficients(rows, self.machines)
+            status = inbox.verdict(rows, self.digest, self.conflict)
             if status == STOPPED:  # receives still posted for a next step are dropped at teardown
                 self._wait_all(inbox.answer(STOPPED, 0), "telling it the servers stopped")
                 return
             inbox.repost()
-            self.coef = inbox.coefficients(rows)
             if status == OK:
                 recvs = spec if spec is not None else self._post_recvs()
                 answers = inbox.answer(OK, int(rows[:, 3].sum()))
@@ -92,14 +99,15 @@ class SummationServer:
     def _slow_step(self) -> tuple[bool, list | None]:
         """The full header path (first step, new layout, mismatch, partial stop).
         Returns whether the job goes on, and the next step's receives."""
+        conflict = self.conflict + 1 if self.conflict >= 0 else 0
         try:
-            h = exchange_header(is_worker=False)
+            h = exchange_header(is_worker=False, conflict=conflict)
         except RuntimeError as err:
             raise self.ctx.peer_error("waiting for the next step", [], err) from None
         if h.stops == len(self.workers):  # pragma: no cover - the control messages catch a full stop
             return False, None
         try:
-            check_header(h, len(self.workers), None)
+            check_header(h, len(self.workers), None, self.n_servers, self.machine_names)
         except Exception:
             self.ctx.failed = True
             raise
@@ -112,8 +120,7 @@ class SummationServer:
         return True, self._round(self._post_recvs())
 
     def _wait_all(self, works, what: str) -> None:
-        for w, work in works:
-            self._wait(work, w, what)
+        p2p.wait_all(works, self.ctx.peer_error, what)
 
     def _post_recvs(self) -> list:
         return [self._post_recv(i) for i in range(len(self.mine))]
@@ -121,7 +128,7 @@ class SummationServer:
     def _post_recv(self, i: int) -> list:
         p, buf = self.mine[i], self.bufs[i]
         g, tag = self.ctx.lane(p.lane), part_tag(self.epoch, p.pid)
-        return [dist.irecv(buf[k], src=w, tag=tag, group=g) for k, w in enumerate(self.workers)]
+        return [p2p.irecv(buf[k], w, tag, g) for k, w in enumerate(self.pushers[i])]
 
     def _round(self, recvs: list) -> list | None:
         """Sum every partition and send it back. While speculating, each partition's
@@ -140,24 +147,25 @@ class SummationServer:
             if spec:
                 nxt[i] = self._post_recv(i)
         for w, pid, work in sends:
-            self._wait(work, w, f"returning the sum of partition {pid} to it")
+            p2p.wait(work, self.ctx.peer_error, f"returning the sum of partition {pid} to it", [w])
         return nxt if spec else None
 
     def _sum_one(self, i: int, works) -> list:
         p, buf, total = self.mine[i], self.bufs[i], self.sums[i]
-        for w, work in zip(self.workers, works):
-            self._wait(work, w, f"receiving partition {p.pid} from it")
+        pushers = self.pushers[i]
+        for w, work in zip(pushers, works):
+            p2p.wait(work, self.ctx.peer_error, f"receiving partition {p.pid} from it", [w])
         t0 = time.perf_counter()
         if self.wire is None:
-            torch.matmul(self.coef, buf, out=total)  # Σ_i c_i·push_i, c_i = b_i/Σb: one vectorised pass
+            torch.matmul(self.coef[None], buf, out=total[None])  # Σ_m c_m·push_m: one vectorised pass
         else:
             self._sum_encoded(i, buf, total)
         self.busy_s += time.perf_counter() - t0
         g = self.ctx.lane(p.lane)
-        for w in self.workers:
+        for w in pushers:
             self.ctx.pace(w, total.numel() * total.element_size())
         tag = part_tag(self.epoch, p.pid)
-        return [(w, p.pid, dist.isend(total, dst=w, tag=tag, group=g)) for w in self.workers]
+        return [(w, p.pid, p2p.isend(total, w, tag, g)) for w in pushers]
 
     def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
         w, dec = self.wire[i], self.decoded[i]
@@ -165,14 +173,8 @@ class SummationServer:
         for row in range(buf.shape[0]):
             decode_part(w, buf[row], dec[row], base=p.start)
         flat = self.total
-        torch.matmul(self.coef, dec, out=flat[p.start: p.start + p.length])
+        torch.matmul(self.coef[None], dec, out=flat[p.start: p.start + p.length][None])
         encode_part(w, flat, out, self.feedback)
-
-    def _wait(self, work, peer: int, what: str) -> None:
-        try:
-            work.wait()
-        except RuntimeError as err:
-            raise self.ctx.peer_error(what, [peer], err) from None
 
 
 def main() -> int:

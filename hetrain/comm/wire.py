@@ -38,6 +38,13 @@ def tensor_codecs(manifest: Manifest, default: str, rules, bandwidth: float) -> 
     return [codec_for(e.name, e.numel, default, parsed, bandwidth) for e in manifest.entries]
 
 
+def wire_codecs(manifest: Manifest, comm, cluster) -> list[str]:
+    """Each tensor's codec, the same on every rank (config and cluster are shared); `auto`
+    reads the slowest NIC of the cluster."""
+    bw = min(m.bandwidth for m in cluster.machines) if cluster is not None else float("inf")
+    return tensor_codecs(manifest, comm.codec, comm.codec_rules, bw)
+
+
 def wire_plan(parts: list[Partition], manifest: Manifest, codecs: list[str]) -> list[WirePart] | None:
     """Segments and payload sizes per partition; None when everything travels as fp32."""
     if all(c == "fp32" for c in codecs):

@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.train.checkpoint import save_checkpoint
-from hetrain.train.loader import BalancedLoader, local_device
+from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
 from hetrain.train.summary import format_table, gather_stats, write_summary
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     rank, nw = hetrain.rank(), hetrain.size()
     run_dir = ctx.env.run_dir if ctx.env else "runs/single"
     machine = ctx.topology.proc(rank).machine if ctx.topology else None
-    device = local_device(ctx)  # this worker's GPU where the cluster file says cuda: true, else the CPU
+    device = hetrain.device()  # this worker's GPU where the cluster file says cuda: true, else the CPU
     emulated = (EmulatedDevice(machine.device, machine.name, run_dir, cost_per_sample=args.cost_per_sample or None)
                 if machine else None)
 
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         acc = accuracy(model, xte, yte)
         total = sum(r["samples"] for r in rows)
         sps = total / wall
-        labels = [ctx.topology.proc(i).machine.name if ctx.topology else "w0" for i in range(nw)]
+        labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
         devices = [d.label() for d in loader.balancer.devices]
         spread = steplog.spread_median()
         print(f"\ndigits demo: test accuracy {acc:.4f} after {args.epochs} epochs; {sps:.0f} samples/s; "

@@ -9,7 +9,8 @@ committed the step, applies the optimizer (SGD or Adagrad) to the touched rows o
 So one step of the pipeline makes exactly the update a single process would make on
 the whole global batch (synchronous training).
 
-Wire protocol (gloo point-to-point, tensors only; nothing received is unpickled):
+Wire protocol (gloo point-to-point through comm/p2p.py, tensors only; nothing received is
+unpickled; tags from p2p's sparse-ps range):
 client -> shard  header int64[4] = [op, step, n, 0] on TAG_HDR (any-source receive on
 the shard), then for PULL: keys int64[n] (TAG_IDS) and the shard answers rows
 float32[n, dim] (TAG_ROWS); PUSH: keys int64[n] and grads float32[n, dim] (TAG_GRAD);
@@ -21,10 +22,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+
+from ..comm import p2p
 
 PULL, PUSH, COMMIT, STOP = 1, 2, 3, 4
-TAG_HDR, TAG_IDS, TAG_ROWS, TAG_GRAD = 11, 12, 13, 14
+TAG_HDR, TAG_IDS, TAG_ROWS, TAG_GRAD = (p2p.SPARSE_PS(i) for i in range(4))
 
 
 @dataclass(frozen=True)
@@ -154,13 +156,7 @@ class SparseClient:
         self.on_error = on_error
 
     def _wait(self, works, what: str, peers: list[int]) -> None:
-        try:
-            for w in works:
-                w.wait()
-        except RuntimeError as err:
-            if self.on_error:
-                raise self.on_error(what, peers, err) from None
-            raise
+        p2p.wait_all(works, self.on_error, what, peers)
 
     def pull(self, keys: torch.Tensor, step: int) -> torch.Tensor:
         """Rows for distinct ``keys`` (int64, 1-D), gathered from their shards."""
@@ -173,8 +169,7 @@ class SparseClient:
             r = self.ranks[j]
             h = _hdr(PULL, step, local.numel())
             buf = torch.empty(local.numel(), self.dim)
-            works += [dist.isend(h, r, tag=TAG_HDR), dist.isend(local, r, tag=TAG_IDS),
-                      dist.irecv(buf, r, tag=TAG_ROWS)]
+            works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
             bufs.append((pos, buf, h, local))
         self._wait(works, "pulling embedding rows", self.ranks)
         for pos, buf, _, _ in bufs:
@@ -189,20 +184,20 @@ class SparseClient:
             r = self.ranks[j]
             h = _hdr(PUSH, step, local.numel())
             g = grad.index_select(0, pos).contiguous()
-            self._pending.append(([dist.isend(h, r, tag=TAG_HDR), dist.isend(local, r, tag=TAG_IDS),
-                                   dist.isend(g, r, tag=TAG_GRAD)], (h, local, g)))
+            self._pending.append(([p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS),
+                                   p2p.isend(g, r, TAG_GRAD)], (h, local, g)))
 
     def commit(self, step: int) -> None:
         """This client has pushed everything of ``step``."""
         works = [w for ws, _ in self._pending for w in ws]
         self._pending.clear()
         hs = [_hdr(COMMIT, step) for _ in self.ranks]
-        works += [dist.isend(h, r, tag=TAG_HDR) for h, r in zip(hs, self.ranks)]
+        works += [p2p.isend(h, r, TAG_HDR) for h, r in zip(hs, self.ranks)]
         self._wait(works, "committing sparse gradients", self.ranks)
 
     def stop(self) -> None:
         hs = [_hdr(STOP) for _ in self.ranks]
-        self._wait([dist.isend(h, r, tag=TAG_HDR) for h, r in zip(hs, self.ranks)],
+        self._wait([p2p.isend(h, r, TAG_HDR) for h, r in zip(hs, self.ranks)],
                    "stopping the sparse shards", self.ranks)
 
 
@@ -223,15 +218,15 @@ def serve(state: ShardState, clients: list[int], dim: int, start_step: int = 0,
 
     def answer(src: int, local: torch.Tensor) -> None:
         rows = state.pull(local)
-        sends.append((dist.isend(rows, src, tag=TAG_ROWS), rows))
+        sends.append((p2p.isend(rows, src, TAG_ROWS), rows))
 
     while len(stopped) < len(clients):
         try:
-            src = dist.recv(hdr, src=None, tag=TAG_HDR)
+            src = p2p.recv(hdr, None, TAG_HDR)
             op, s, n = int(hdr[0]), int(hdr[1]), int(hdr[2])
             if op in (PULL, PUSH):
                 local = torch.empty(n, dtype=torch.int64)
-                dist.recv(local, src, tag=TAG_IDS)
+                p2p.recv(local, src, TAG_IDS)
             if op == PULL:
                 if s > step:
                     deferred.append((src, local))
@@ -239,7 +234,7 @@ def serve(state: ShardState, clients: list[int], dim: int, start_step: int = 0,
                     answer(src, local)
             elif op == PUSH:
                 g = torch.empty(n, dim)
-                dist.recv(g, src, tag=TAG_GRAD)
+                p2p.recv(g, src, TAG_GRAD)
                 state.push(local, g)
             elif op == COMMIT:
                 committed.add(src)
@@ -257,13 +252,11 @@ def serve(state: ShardState, clients: list[int], dim: int, start_step: int = 0,
             else:
                 raise RuntimeError(f"sparse shard got an unknown request {op} from rank {src}")
             if len(sends) > 64:
-                for w, _ in sends:
-                    w.wait()
+                p2p.wait_all([w for w, _ in sends], None, "returning embedding rows")  # named below
                 sends.clear()
         except RuntimeError as err:
             if on_error:
                 raise on_error("serving embedding rows", [], err) from None
             raise
-    for w, _ in sends:
-        w.wait()
+    p2p.wait_all([w for w, _ in sends], on_error, "returning embedding rows")
     return step

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm import p2p
 from ..runtime.context import init, shutdown
 from ..train.checkpoint import load_checkpoint, save_checkpoint
 from .data import CTRData, MicroBatchLoader
@@ -31,14 +32,14 @@ from .spec import RunSpec
 HDR_LEN = 64
 _DTYPES = {0: torch.float32, 1: torch.int64}
 _CODES = {v: k for k, v in _DTYPES.items()}
-TAG_BASE = 1000
 
 
 # ------------------------------------------------------------------ tensors on the wire
 
 
 def _tag(mb: int, i: int) -> int:
-    return TAG_BASE + mb * 64 + i
+    """64 tags per micro-batch in the pipeline range of comm/p2p.py."""
+    return p2p.PIPELINE(mb * 64 + i)
 
 
 def send_tensors(ts: list[torch.Tensor], dst: int, mb: int, ready_at: float = 0.0) -> list:
@@ -53,19 +54,19 @@ def send_tensors(ts: list[torch.Tensor], dst: int, mb: int, ready_at: float = 0.
     hdr = torch.zeros(HDR_LEN, dtype=torch.int64)
     hdr[: len(h)] = torch.tensor(h)
     hdr[-1] = int(ready_at * 1e6)
-    out = [(dist.isend(hdr, dst, tag=_tag(mb, 0)), hdr)]
+    out = [(p2p.isend(hdr, dst, _tag(mb, 0)), hdr)]
     for code, dt in _DTYPES.items():
-        part = [t.detach().reshape(-1) for t in ts if t.dtype == dt]
+        part = [t for t in ts if t.dtype == dt]
         if part:
-            flat = torch.cat(part)
-            out.append((dist.isend(flat, dst, tag=_tag(mb, 1 + code)), flat))
+            flat = p2p.flatten(part, dtype=dt)
+            out.append((p2p.isend(flat, dst, _tag(mb, 1 + code), what="sending activations"), flat))
     return out
 
 
 def recv_tensors(src: int, mb: int) -> tuple[list[torch.Tensor], float]:
     """The tensors of one message, and the emulated time they are ready at."""
     hdr = torch.empty(HDR_LEN, dtype=torch.int64)
-    dist.recv(hdr, src, tag=_tag(mb, 0))
+    p2p.recv(hdr, src, _tag(mb, 0))
     h = hdr.tolist()
     n, pos, metas = h[0], 1, []
     for _ in range(n):
@@ -80,13 +81,10 @@ def recv_tensors(src: int, mb: int) -> tuple[list[torch.Tensor], float]:
         total = sum(int(torch.Size(sh).numel()) for c, sh in metas if c == code)
         if total:
             flats[code] = torch.empty(total, dtype=dt)
-            dist.recv(flats[code], src, tag=_tag(mb, 1 + code))
-    out, off = [], {c: 0 for c in _DTYPES}
-    for code, shape in metas:
-        k = int(torch.Size(shape).numel())
-        out.append(flats[code][off[code]: off[code] + k].view(shape).clone() if k else
-                   torch.empty(shape, dtype=_DTYPES[code]))
-        off[code] += k
+            p2p.recv(flats[code], src, _tag(mb, 1 + code))
+    views = {code: iter(p2p.unflatten(flat, [sh for c, sh in metas if c == code])) for code, flat in flats.items()}
+    out = [next(views[code]).clone() if code in views else torch.empty(shape, dtype=_DTYPES[code])
+           for code, shape in metas]
     return out, h[-1] / 1e6
 
 
@@ -270,7 +268,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
             tw = time.perf_counter()
             try:
                 got, ready = recv_tensors(peer, i)
-            except RuntimeError as err:
+            except RuntimeError as err:  # gloo's error: name the neighbour that went away
                 raise fail(f"receiving {what} of micro-batch {i}", [peer], err) from None
             pacer.begin(ready)
             prof["recv_wait_s"] += time.perf_counter() - tw
@@ -340,8 +338,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 ev(f"bwd{i}-out")
         te = time.perf_counter()
         try:
-            for w, _ in sends:
-                w.wait()
+            p2p.wait_all([w for w, _ in sends], None, "sending to the neighbour stages")  # named below
             ev("sends-done")
             if client is not None:
                 client.commit(step)

@@ -4,13 +4,16 @@ from __future__ import annotations
 import argparse
 
 from ..cluster.spec import load_cluster
+from ..errors import UserError
 from .env import CommConfig
 from .topology import MODES
 
 
 def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", help="cluster YAML (default: built-in 4 mixed workers + 2 CPU machines)")
-    p.add_argument("--mode", choices=MODES, default="byteps", help="communication architecture (default byteps)")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="communication architecture (default byteps; allreduce for a cluster given by "
+                        "--nnodes/--nproc-per-node)")
     p.add_argument("--partition-bytes", type=int, default=4_096_000)
     p.add_argument("--credit-bytes", type=int, default=0, help="bytes in flight per worker over all servers (0: about 256 KiB, at least 2 partitions, per server)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
@@ -26,34 +29,71 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="training mode: synchronous (default), asynchronous, or bounded staleness (--staleness)")
     p.add_argument("--staleness", type=int, default=0,
                    help="with --sync stale: the fastest worker runs at most this many steps ahead of the slowest")
+    p.add_argument("--collective", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="worker collectives on GPUs: auto (NCCL where every worker has a GPU of its own), gloo, nccl")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
     p.add_argument("--quiet", action="store_true", help="do not stream the processes' output")
 
 
+def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
+    """torchrun's flags (both spellings), so a torchrun line runs with `torchrun`
+    replaced by `hetrain launch`; runtime/torchrun.py maps them onto a cluster."""
+    t = p.add_argument_group("torchrun flags", "without --cluster, --nnodes N --nproc-per-node P is N nodes of P "
+                                               "worker processes each (mode allreduce unless --mode is given); "
+                                               "with --cluster they must agree with the file")
+    t.add_argument("--nnodes", type=str, help="number of nodes (N, or MIN:MAX with MIN = MAX)")
+    t.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=str,
+                   help="worker processes per node: a number, gpu, cpu or auto")
+    t.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int,
+                   help="this node's rank (machines carry `node:` in a cluster file); without it, nodes of a "
+                        "--nnodes job take ranks in order of arrival")
+    t.add_argument("--master-addr", "--master_addr", dest="master_addr",
+                   help="node 0's cluster address (hosts the rendezvous store)")
+    t.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                   help="rendezvous port (default: a free one on one node, 29500 across nodes)")
+    t.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", metavar="HOST[:PORT]",
+                   help="the same as --master-addr/--master-port (port 29400 when left out)")
+    t.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", choices=["c10d", "static"], default="c10d",
+                   help="accepted for torchrun lines; hetrain always uses its own store on node 0")
+    t.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", help="job id (shown in logs, passed as HETRAIN_JOB_ID)")
+    t.add_argument("--standalone", action="store_true", help="one node, rendezvous on a free local port")
+
+
 def _launch_config(args, argv: list[str], cluster=None):
     from .launcher import LaunchConfig
     from .auth import load_secret
+    from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
 
-    cluster = cluster or load_cluster(args.cluster)
+    flags = TorchrunFlags(
+        nnodes=parse_nnodes(args.nnodes) if getattr(args, "nnodes", None) else None,
+        nproc_per_node=parse_nproc(args.nproc_per_node) if getattr(args, "nproc_per_node", None) else None,
+        node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
+        master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
+        rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
+    res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
+    cluster = res.cluster
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
-    comm = CommConfig(mode=args.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
+    comm = CommConfig(mode=res.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
                       timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
                       codec_rules=tuple(args.codec_rule),
-                      overlap=args.overlap, sync=args.sync, staleness=args.staleness)
+                      overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)
-    return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=getattr(args, "node_rank", None),
-                        master_addr=getattr(args, "master_addr", None), master_port=getattr(args, "master_port", 0) or 0,
-                        secret=secret, run_dir=args.run_dir, quiet=args.quiet)
+    return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=res.node_rank,
+                        master_addr=res.master_addr, master_port=res.master_port,
+                        assign_node_rank=res.assign_node_rank, secret=secret, run_dir=args.run_dir,
+                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None))
 
 
 def _cmd_launch(args) -> int:
     from .launcher import launch
 
+    if args.script is None:
+        raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
     argv = (["-m"] if args.module else []) + [args.script, *args.script_args]
     return launch(_launch_config(args, argv))
 
@@ -88,14 +128,14 @@ def register(sub) -> None:
     p = sub.add_parser("launch", help="start every worker and summation server of a cluster",
                        description="Start a training script on every worker machine of the cluster, and the "
                                    "summation servers the mode needs. Multi-node: run the same command on every "
-                                   "node with --node-rank, --master-addr, --master-port and the same secret.")
+                                   "node with --node-rank, --master-addr, --master-port and the same secret. "
+                                   "torchrun's flags work too: `torchrun ARGS train.py` runs as "
+                                   "`hetrain launch ARGS train.py`.")
     _add_job_flags(p)
-    p.add_argument("--node-rank", type=int, help="this node's rank (machines carry `node:` in the cluster file)")
-    p.add_argument("--master-addr", help="node 0's cluster address (hosts the rendezvous store)")
-    p.add_argument("--master-port", type=int, default=0)
+    _add_torchrun_flags(p)
     p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
-    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_cmd_launch)
 

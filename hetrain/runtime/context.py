@@ -6,14 +6,16 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .auth import admit, load_secret
+from .devices import Backends, bind, nccl_environment, plan_backends
 from .env import CommConfig, ProcEnv
 from .netif import iface_for_address
-from .topology import Topology, build_topology
+from .topology import Topology, build_topology, lanes_for
 
 
 class PeerLostError(RuntimeError):
@@ -31,6 +33,14 @@ class Context:
     lanes: list = None  # extra process groups = extra parallel connections to servers
     bucket: object = None  # emulated uplink (cluster/ratelimit.py), when asked for
     machine_name: str = ""
+    device: torch.device = torch.device("cpu")  # where this worker's tensors live (cuda:<local rank> or cpu)
+    backends: Backends = Backends()
+    nccl_group: object = None  # the workers over NCCL (every worker a GPU of its own), else None
+    # machines with several workers: (reduce group, broadcast group) of this worker's machine;
+    # two groups so that reduces issued during backward never queue behind a broadcast
+    # that waits for its sum from the servers
+    local_groups: tuple | None = None
+    local_ranks: tuple[int, ...] = ()
 
     def pace(self, peer: int, nbytes: int) -> None:
         """Charge a send to another machine against this machine's emulated uplink."""
@@ -125,12 +135,18 @@ def init() -> Context:
     """Join the job described by the launcher's environment (idempotent).
 
     Without a launcher environment this is a one-process job: push_pull only applies
-    the batch weighting, so the same script runs with `python script.py`.
+    the batch weighting, so the same script runs with `python script.py`. Started by
+    plain torchrun (its variables, no HETRAIN_* ones), it joins torchrun's job as a
+    workers-only all-reduce job (`runtime/torchrun.py`).
     """
     global _CTX
     if _CTX is not None:
         return _CTX
     env = ProcEnv.from_environ()
+    if env is None:
+        from .torchrun import from_torchrun_environ
+
+        env = from_torchrun_environ()
     if env is None:
         _CTX = Context(None, None, None, None, None)
         return _CTX
@@ -140,28 +156,74 @@ def init() -> Context:
         raise UserError(f"launcher says world size {env.world_size} but cluster+mode give {topo.world_size}; "
                         "all nodes must use the same cluster file and --mode")
     me = topo.proc(env.rank)
+    if me.role == "worker" and me.machine.threads:  # its own cores (runtime/cores.py): one thread each
+        import torch
+
+        torch.set_num_threads(me.machine.threads)
+    device = bind(me, topo.describe(env.rank))  # before anything touches CUDA
+    backends = plan_backends(topo, env.comm)
+    if backends.uses_nccl:
+        nccl_environment()
     iface = iface_for_address(me.machine.address)
-    if iface is None:
-        raise UserError(f"machine {me.machine.name} has address {me.machine.address}, which no local interface carries; "
-                        "fix `address` in the cluster file or run this node on that machine")
-    os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
     timeout = env.comm.timeout_s
-    store = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=max(timeout, 30)))
-    admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
-    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
-                            world_size=env.world_size, timeout=timedelta(seconds=timeout))
-    worker_group = dist.new_group(topo.worker_ranks, timeout=timedelta(seconds=timeout))
+    if env.origin == "torchrun":
+        store = _join_torchrun(env, iface, timeout)
+    else:
+        if iface is None:
+            raise UserError(f"machine {me.machine.name} has address {me.machine.address}, which no local interface "
+                            "carries; fix `address` in the cluster file or run this node on that machine")
+        os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
+        store = dist.TCPStore(env.master_addr, env.master_port, None, False,
+                              timeout=timedelta(seconds=max(timeout, 30)))
+        admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
+        dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
+                                world_size=env.world_size, timeout=timedelta(seconds=timeout))
+    wait = timedelta(seconds=timeout)
+    # every rank creates every group, in the same order (torch.distributed requires it)
+    worker_group = dist.new_group(topo.worker_ranks, timeout=wait)
+    nccl_group = None
+    if backends.worker == "nccl":
+        nccl_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="nccl")
+    local_groups, local_ranks = None, ()
+    for ranks in topo.worker_machines:
+        if len(ranks) < 2:
+            continue
+        backend = backends.local[topo.proc(ranks[0]).machine.name]
+        pair = tuple(dist.new_group(ranks, timeout=wait, backend=backend) for _ in range(2))
+        if env.rank in ranks:
+            local_groups, local_ranks = pair, tuple(ranks)
     lanes = []
     if topo.servers:
-        from ..comm.partition import lanes_for
-
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
-        lanes = [dist.new_group(list(range(env.world_size)), timeout=timedelta(seconds=timeout)) for _ in range(extra)]
+        lanes = [dist.new_group(list(range(env.world_size)), timeout=wait) for _ in range(extra)]
+    if env.origin == "hetrain":
+        store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for
 
     _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
-                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name)
+                   bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
+                   device=device, backends=backends, nccl_group=nccl_group, local_groups=local_groups,
+                   local_ranks=local_ranks)
     return _CTX
+
+
+def _join_torchrun(env: ProcEnv, iface: str | None, timeout: float):
+    """Join the process group of a job plain torchrun started: its env:// rendezvous
+    (the agent's store), no shared-secret admission (torchrun has no secret). gloo binds
+    to the interface that reaches MASTER_ADDR unless GLOO_SOCKET_IFNAME says otherwise.
+    A script that already called `init_process_group` keeps its group."""
+    if iface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="env://", rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=timeout))
+    elif dist.get_world_size() != env.world_size:
+        raise UserError(f"the process group the script made has {dist.get_world_size()} ranks but torchrun's "
+                        f"WORLD_SIZE is {env.world_size}; let hetrain.init() make it")
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"hetrain/{restart}", _get_default_store())
 
 
 def context() -> Context:

@@ -1,68 +1,171 @@
 """The environment contract between the launcher and the processes it starts.
 
-The launcher sets these; `hetrain.init()` reads them. The torch conventions (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) are set too, so plain
-torch.distributed code keeps working inside a hetrain job.
+The launcher sets these; `hetrain.init()` reads them. torchrun's variables are set
+too (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
+code written for torchrun keeps working inside a hetrain job. They count processes, as
+torch.distributed does: RANK/WORLD_SIZE span every process of the job's process group
+(workers are ranks 0..n-1, summation servers follow), LOCAL_RANK/LOCAL_WORLD_SIZE the
+processes one launcher starts on its host, workers first (so a worker's LOCAL_RANK
+is its index among the host's workers, the GPU index on a multi-GPU host). A CUDA
+worker is bound to the GPU of its index among its *machine's* workers (runtime/devices.py):
+on a host that runs one machine the two agree; several machines on one host share its GPUs.
+
+The job's communication settings (`CommConfig`) are validated here, at launch, so a bad
+flag fails before any process starts. The codec vocabulary lives here too (not in the
+comm package) because validating `--codec` and `--codec-rule` is part of that contract
+and the runtime never imports the engine.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from ..errors import UserError
 
 PREFIX = "HETRAIN_"
 
+Mode = Literal["byteps", "ps", "colocated", "allreduce"]
+CodecName = Literal["fp32", "fp16", "int8", "int4"]
+CodecChoice = Literal["fp32", "fp16", "int8", "int4", "auto"]
+Sync = Literal["sync", "async", "stale"]
+Collective = Literal["auto", "gloo", "nccl"]
+CODECS: tuple[str, ...] = get_args(CodecName)
 
-@dataclass(frozen=True)
-class CommConfig:
+# the command-line flag behind each field, so every error names what the user typed
+FLAGS = {"mode": "--mode", "partition_bytes": "--partition-bytes", "credit_bytes": "--credit-bytes",
+         "timeout_s": "--timeout", "max_lanes": "--max-lanes", "codec": "--codec", "codec_rules": "--codec-rule",
+         "overlap": "--overlap", "sync": "--sync", "staleness": "--staleness", "collective": "--collective"}
+_WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode", "collective": "collective backend"}
+
+
+def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    """`NAME_GLOB=CODEC` rules, e.g. `*.bias=fp32`; the first match wins."""
+    out = []
+    for r in rules:
+        pattern, sep, codec = r.partition("=")
+        if not sep or not pattern or codec not in CODECS + ("auto",):
+            raise UserError(f"codec rule {r!r} must look like NAME_GLOB=CODEC with CODEC one of "
+                            f"{', '.join(CODECS + ('auto',))} (e.g. '*.bias=fp32')")
+        out.append((pattern, codec))
+    return out
+
+
+def _choices(options: tuple[str, ...]) -> str:
+    return ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else options[0]
+
+
+def _explain(err: ValidationError) -> str:
+    """One message per bad field, naming the flag (pydantic's own wording says neither)."""
+    lines = []
+    for e in err.errors():
+        name = str(e["loc"][0]) if e["loc"] else ""
+        flag = FLAGS.get(name, name)
+        if e["type"] == "literal_error":
+            options = tuple(o.strip().strip("'") for o in e["ctx"]["expected"].replace(" or ", ", ").split(", "))
+            lines.append(f"unknown {_WHAT.get(name, name)} {e['input']!r} ({flag}); choose {_choices(options)}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"unknown setting {name!r}; known: {', '.join(FLAGS)}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(msg if name == "" or flag in msg else f"{flag}: {msg}")
+    return "; ".join(lines)
+
+
+class CommConfig(BaseModel):
     """How push_pull moves gradients. Validated here so a bad flag fails at launch."""
 
-    mode: str = "byteps"
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Mode = "byteps"
     partition_bytes: int = 4_096_000  # BytePS default
-    credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (engine.window_partitions)
+    credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (comm.window)
     timeout_s: float = 60.0  # a lost peer is reported within this time
     # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
     # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
     max_lanes: int = 1
-    codec: str = "fp32"  # gradient codec: fp32, fp16, int8, int4 or auto (by link bandwidth and tensor size)
+    codec: CodecChoice = "fp32"  # gradient codec (auto: by link bandwidth and tensor size)
     codec_rules: tuple[str, ...] = ()  # per-tensor overrides, NAME_GLOB=CODEC, first match wins
     overlap: bool = False  # push each gradient as soon as backward produces it
-    sync: str = "sync"  # sync (default), async, or stale (bounded staleness, bound `staleness`)
+    sync: Sync = "sync"  # sync (default), async, or stale (bounded staleness, bound `staleness`)
     staleness: int = 0  # stale: the fastest worker is at most this many steps ahead of the slowest
+    # worker-group collectives: auto = NCCL where every member is a GPU of its own, else gloo
+    collective: Collective = "auto"
 
-    def __post_init__(self) -> None:
-        from ..errors import UserError
-        from .topology import MODES
+    def __init__(self, **data) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise UserError(_explain(err)) from None
 
-        if self.mode not in MODES:
-            raise UserError(f"unknown communication mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.partition_bytes < 1024:
-            raise UserError(f"partition_bytes={self.partition_bytes} is too small; use at least 1024 (BytePS uses 4096000)")
-        if self.credit_bytes < 0:
-            raise UserError("credit_bytes must be >= 0 (0 picks a default)")
-        if self.timeout_s <= 0:
-            raise UserError("timeout_s must be positive")
-        if not 1 <= self.max_lanes <= 16:
-            raise UserError(f"max_lanes={self.max_lanes} must be between 1 and 16")
-        from ..comm.compress import CODECS, parse_rules
+    @field_validator("partition_bytes")
+    @classmethod
+    def _partition(cls, v: int) -> int:
+        if v < 1024:
+            raise ValueError(f"partition_bytes={v} is too small; use at least 1024 (BytePS uses 4096000)")
+        return v
 
-        object.__setattr__(self, "codec_rules", tuple(self.codec_rules))
-        if self.codec not in CODECS + ("auto",):
-            raise UserError(f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS + ('auto',))}")
-        parse_rules(self.codec_rules)
-        if self.sync not in ("sync", "async", "stale"):
-            raise UserError(f"unknown training mode sync={self.sync!r}; choose sync, async or stale")
-        if self.staleness < 0:
-            raise UserError(f"staleness bound must be >= 0 steps, got {self.staleness}")
+    @field_validator("credit_bytes")
+    @classmethod
+    def _credit(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("credit_bytes must be >= 0 (0 picks a default)")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"--timeout {v} is not a positive finite number of seconds")
+        return v
+
+    @field_validator("max_lanes")
+    @classmethod
+    def _lanes(cls, v: int) -> int:
+        if not 1 <= v <= 16:
+            raise ValueError(f"max_lanes={v} must be between 1 and 16")
+        return v
+
+    @field_validator("codec_rules", mode="before")
+    @classmethod
+    def _rules(cls, v):
+        if isinstance(v, str):
+            v = (v,)
+        v = tuple(v)
+        parse_rules(v)  # raises UserError naming the rule
+        return v
+
+    @field_validator("staleness")
+    @classmethod
+    def _staleness(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"staleness bound must be >= 0 steps, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CommConfig":
+        coded = self.codec != "fp32" or bool(self.codec_rules)
         if self.sync != "sync" and self.mode == "allreduce":
-            raise UserError(f"sync={self.sync} needs parameter servers that hold the parameters; "
-                            "use mode ps, byteps or colocated")
-        if self.sync != "sync" and (self.codec != "fp32" or self.codec_rules):
-            raise UserError(f"codecs are available in synchronous training only; drop --codec or use sync={self.sync!r} "
-                            "with fp32")
-        if self.mode == "allreduce" and (self.codec != "fp32" or self.codec_rules):
-            raise UserError("gradient codecs need summation servers to decode and add what workers send; "
-                            "use mode byteps, ps or colocated, or codec fp32 with mode allreduce")
+            raise ValueError(f"--sync {self.sync} needs parameter servers that hold the parameters; "
+                             "use --mode ps, byteps or colocated")
+        if self.sync != "sync" and coded:
+            raise ValueError(f"codecs are available in synchronous training only; drop --codec or use "
+                             f"--sync {self.sync} with fp32")
+        if self.mode == "allreduce" and coded:
+            raise ValueError("gradient codecs need summation servers to decode and add what workers send; "
+                             "use --mode byteps, ps or colocated, or --codec fp32 with --mode allreduce")
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> "CommConfig":
+        return cls(**json.loads(text or "{}"))
 
 
 @dataclass(frozen=True)
@@ -75,15 +178,21 @@ class ProcEnv:
     cluster_json: str
     comm: CommConfig = field(default_factory=CommConfig)
     run_dir: str = "runs/latest"
+    local_rank: int = 0  # index among the processes this host runs (workers first)
+    local_world_size: int = 1
+    # who started the process: hetrain's launcher, or plain torchrun (runtime/torchrun.py:
+    # workers only, its store, no job secret)
+    origin: Literal["hetrain", "torchrun"] = "hetrain"
 
     def to_environ(self, secret: str) -> dict[str, str]:
         env = {
-            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0",
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
             f"{PREFIX}RANK": str(self.rank), f"{PREFIX}WORLD_SIZE": str(self.world_size),
             f"{PREFIX}MASTER_ADDR": self.master_addr, f"{PREFIX}MASTER_PORT": str(self.master_port),
             f"{PREFIX}JOB_ID": self.job_id, f"{PREFIX}CLUSTER": self.cluster_json,
-            f"{PREFIX}COMM": json.dumps(asdict(self.comm)), f"{PREFIX}RUN_DIR": self.run_dir,
+            f"{PREFIX}COMM": self.comm.to_json(), f"{PREFIX}RUN_DIR": self.run_dir,
             f"{PREFIX}SECRET": secret,
         }
         return env
@@ -97,6 +206,7 @@ class ProcEnv:
             rank=int(e[f"{PREFIX}RANK"]), world_size=int(e[f"{PREFIX}WORLD_SIZE"]),
             master_addr=e[f"{PREFIX}MASTER_ADDR"], master_port=int(e[f"{PREFIX}MASTER_PORT"]),
             job_id=e[f"{PREFIX}JOB_ID"], cluster_json=e[f"{PREFIX}CLUSTER"],
-            comm=CommConfig(**json.loads(e.get(f"{PREFIX}COMM", "{}"))),
+            comm=CommConfig.from_json(e.get(f"{PREFIX}COMM", "{}")),
             run_dir=e.get(f"{PREFIX}RUN_DIR", "runs/latest"),
+            local_rank=int(e.get("LOCAL_RANK", "0")), local_world_size=int(e.get("LOCAL_WORLD_SIZE", "1")),
         )

@@ -8,10 +8,22 @@ streams each process's output with a rank prefix; when a process fails it record
 the dead rank in the store (so the others can name it), gives the rest `timeout_s`
 to stop on their own, then stops them, and returns non-zero with the failing
 rank's error.
+
+It fails fast, in the user's terms: a script or module that does not exist, or
+workers that ask for more cores than the host has, are refused before anything starts;
+a process that exits before the job has formed (before the rendezvous completes) ends
+the job at once, since the others would only wait for it until the timeout. Output is
+read in chunks as it arrives, so a progress bar's carriage-return redraws show while
+the job runs.
 """
 from __future__ import annotations
 
+import codecs
+import importlib.util
+import ipaddress
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -28,7 +40,10 @@ from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from . import STOP_REQUESTED
 from .auth import new_secret
+from .cores import assign_cores, describe as describe_cores, pin
+from .devices import preflight
 from .env import CommConfig, ProcEnv
+from .netif import iface_for_address
 from .topology import Proc, build_topology
 
 EXIT_STOPPED = 3  # a process stopped at a checkpoint because it was asked to (SIGUSR1)
@@ -42,10 +57,14 @@ class LaunchConfig:
     node_rank: int | None = None  # None: run every node's processes here
     master_addr: str | None = None
     master_port: int = 0  # 0: pick a free one (single node only)
+    # multi-node without --node-rank (identical nodes, torchrun-style): the node hosting
+    # the store is node 0, the others take 1, 2, ... in order of arrival
+    assign_node_rank: bool = False
     secret: str | None = None
     run_dir: str | None = None
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    job_id: str | None = None  # default: a fresh random id (torchrun's --rdzv-id sets it)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -56,6 +75,8 @@ class LaunchConfig:
                                 f"(the cluster file assigns machines to {self.cluster.nnodes} node(s))")
             if self.cluster.nnodes > 1 and (not self.master_addr or not self.master_port):
                 raise UserError("a multi-node launch needs --master-addr and --master-port (the same on every node)")
+        if self.assign_node_rank and (self.node_rank is not None or not self.master_addr or not self.master_port):
+            raise UserError("handing out node ranks needs --master-addr and --master-port, and no --node-rank")
 
 
 @dataclass
@@ -78,6 +99,48 @@ def _listen(addr: str, port: int) -> socket.socket:
     return sock
 
 
+def check_entry_point(argv: list[str]) -> None:
+    """Refuse a training script or module that does not exist, before anything starts
+    (a typo would otherwise start every process and fail only when the servers give up
+    waiting). A module is looked up as `python -m` would: from this directory first,
+    then the launcher's path (which the processes inherit)."""
+    cwd = os.getcwd()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise UserError("-m needs a module name (`hetrain launch -m package.module`)")
+        name = argv[1]
+        saved = sys.path[:]
+        sys.path.insert(0, cwd)
+        try:
+            spec = importlib.util.find_spec(name)
+            package = spec is not None and spec.submodule_search_locations is not None
+            main = importlib.util.find_spec(f"{name}.__main__") if package else spec  # a package runs its __main__
+        except ModuleNotFoundError:  # a parent package is missing
+            spec = main = None
+        except (ImportError, ValueError):  # a parent package fails to import: let the process report it
+            return
+        finally:
+            sys.path[:] = saved
+        if spec is None:
+            raise UserError(f"no module named {name!r} (looked up from {cwd} and the Python path, as `python -m` "
+                            "does); check the spelling, or install the package")
+        if main is None:
+            raise UserError(f"{name} is a package without a __main__ module, so `-m {name}` cannot run it; "
+                            "name the module inside it that trains")
+        return
+    script = Path(argv[0])
+    if not (script.is_file() or (script / "__main__.py").is_file()):
+        where = "" if script.is_absolute() else f" (relative to {cwd})"
+        raise UserError(f"training script {argv[0]} does not exist{where}; check the path, or use -m for a module")
+
+
+def _is_local_address(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback or iface_for_address(addr) is not None
+    except ValueError:
+        return False
+
+
 def _is_consequence(child: "Child") -> bool:
     return any("PeerLostError" in line or "Connection closed by peer" in line for line in child.tail)
 
@@ -95,8 +158,9 @@ class Launcher:
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg
         self.children: list[Child] = []
-        self.job_id = uuid.uuid4().hex[:8]
+        self.job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.job_id)[:40] if cfg.job_id else uuid.uuid4().hex[:8]
         self.netns = None
+        self._server_check_done = False
         self._print_lock = threading.Lock()
         self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
 
@@ -104,17 +168,24 @@ class Launcher:
     def run(self) -> int:
         cfg = self.cfg
         cluster = cfg.cluster
+        # refused before anything starts (no namespace, store or process)
+        check_entry_point(cfg.argv)
+        if not cfg.assign_node_rank:
+            topo = build_topology(cluster, cfg.comm.mode)
+            self._cores(topo, cfg.node_rank)
+            preflight(cluster, topo, cfg.comm, cfg.node_rank)  # the GPUs and NCCL this node's machines ask for
+        embedded = cfg.node_rank is None and not cfg.assign_node_rank or cluster.nnodes == 1  # all runs here
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
-            emulate = "netns" if netns_available() is None and cfg.node_rank is None else "ratelimit"
+            emulate = "netns" if netns_available() is None and embedded else "ratelimit"
         self.ratelimit_dir = None
         if emulate == "ratelimit":
             import tempfile
             self.ratelimit_dir = tempfile.mkdtemp(prefix=f"hetrain-{self.job_id}-",
                                                   dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         if emulate == "netns":
-            if cfg.node_rank is not None:
+            if not embedded:
                 raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
             from ..cluster.netns import NetnsCluster
             self.netns = NetnsCluster(cluster)
@@ -152,20 +223,31 @@ class Launcher:
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
 
-    def _run(self, cluster: ClusterSpec) -> int:
-        cfg = self.cfg
-        topo = build_topology(cluster, cfg.comm.mode)
-        local = [p for p in topo.procs if cfg.node_rank is None or p.machine.node == cfg.node_rank]
-        hosting = cfg.node_rank in (None, 0)
-        master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
-        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if cfg.node_rank is None else None)
-        if secret is None:
-            raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
-        import torch.distributed as dist  # deferred: `hetrain --help` stays fast
+    @staticmethod
+    def _local(topo, node_rank: int | None) -> list[Proc]:
+        """The processes this launcher starts, in rank order (workers first)."""
+        return [p for p in topo.procs if node_rank is None or p.machine.node == node_rank]
 
-        timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
+    def _cores(self, topo, node_rank: int | None):
+        """Cores of this host for the workers that declare `threads:` (raises when they do not fit)."""
+        return assign_cores(self._local(topo, node_rank), sorted(os.sched_getaffinity(0)))
+
+    def _open_store(self, dist, master_addr: str, timeout: timedelta):
+        """Host the rendezvous store (node 0) or connect to it; hand out this node's rank
+        when the nodes are identical and none was given. Returns (store, port, node_rank)."""
+        cfg = self.cfg
+        node_rank = cfg.node_rank
+        hosting = node_rank in (None, 0) and not cfg.assign_node_rank
+        sock = None
+        if cfg.assign_node_rank and _is_local_address(master_addr):
+            try:  # the rendezvous host is this machine: host it, unless another launcher here already does
+                sock = _listen(master_addr, cfg.master_port)
+                hosting = True
+            except UserError:
+                sock = None
         if hosting:
-            sock = _listen(master_addr, cfg.master_port)
+            sock = sock or _listen(master_addr, cfg.master_port)
+            self._listen_sock = sock  # TCPStore serves on this socket's fd: keep it open for the whole job
             port = sock.getsockname()[1]
             store = dist.TCPStore(master_addr, port, None, True, timeout=timeout, wait_for_workers=False,
                                   master_listen_fd=sock.fileno())
@@ -173,17 +255,50 @@ class Launcher:
         else:
             port = cfg.master_port
             store = dist.TCPStore(master_addr, port, None, False, timeout=timeout)
+        if cfg.assign_node_rank:
+            node_rank = 0 if hosting else int(store.add("hetrain/nodes", 1))
+            if node_rank >= cfg.cluster.nnodes:
+                raise UserError(f"node {node_rank + 1} joined a job of --nnodes {cfg.cluster.nnodes}; every node must "
+                                "give the same --nnodes, and each job its own --rdzv-endpoint / --master-port")
+        return store, port, node_rank
+
+    def _run(self, cluster: ClusterSpec) -> int:
+        cfg = self.cfg
+        topo = build_topology(cluster, cfg.comm.mode)
+        master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
+        embedded = cfg.node_rank is None and not cfg.assign_node_rank
+        # one launcher starts every process (the whole cluster here, or a one-node job):
+        # it can make up the secret; several nodes must share one
+        alone = embedded or cluster.nnodes == 1
+        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if alone else None)
+        if secret is None:
+            raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
+        import torch.distributed as dist  # deferred: `hetrain --help` stays fast
+
+        timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
+        store, port, node_rank = self._open_store(dist, master_addr, timeout)
         self.store = store
+        if cfg.assign_node_rank:  # this node's rank is known only now: check its GPUs before starting anything
+            preflight(cluster, topo, cfg.comm, node_rank)
+        local = self._local(topo, node_rank)
+        cores = self._cores(topo, node_rank)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        node = "" if embedded else f"node {node_rank} of {cluster.nnodes} "
         self._log(f"hetrain: job {self.job_id}, mode {cfg.comm.mode}, {len(topo.workers)} workers + "
-                  f"{len(topo.servers)} summation servers; this node starts {len(local)} processes; "
+                  f"{len(topo.servers)} summation servers; {node or 'this node '}starts {len(local)} processes; "
                   f"logs in {self.run_dir}")
-        for p in local:
+        if cores.pinned:
+            self._log(f"hetrain: {describe_cores(cores, local)}")
+        for local_rank, p in enumerate(local):
             env = dict(os.environ)
             env.update(cfg.extra_env)
             env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
-                               cluster.model_dump_json(), cfg.comm, str(self.run_dir)).to_environ(secret))
+                               cluster.model_dump_json(), cfg.comm, str(self.run_dir),
+                               local_rank=local_rank, local_world_size=len(local)).to_environ(secret))
             env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+            threads = cores.threads_for(p.rank)
+            if threads:  # the cluster file gave this worker its own cores
+                env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
             if self.ratelimit_dir:
                 env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
             env["PYTHONUNBUFFERED"] = "1"
@@ -191,6 +306,8 @@ class Launcher:
                 argv = [sys.executable, "-u", *cfg.argv]
             else:
                 argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
+            if cores.cores_for(p.rank):
+                argv = pin(argv, cores.cores_for(p.rank))
             if self.netns is not None:
                 argv = self.netns.wrap(p.machine.name, argv)
             # children start with SIGUSR1 blocked: an early stop request stays pending until
@@ -198,7 +315,7 @@ class Launcher:
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
             try:
                 popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             child = Child(p, popen)
@@ -209,16 +326,44 @@ class Launcher:
             self._forward()
         return self._monitor(topo)
 
-    def _pump(self, child: Child) -> None:
+    def _pump(self, child: Child, idle_s: float = 0.2) -> None:
+        """Forward a process's output as it arrives, one line per `\n`- or `\r`-ended
+        piece: progress bars redraw with `\r`, so each redraw shows as its own line while
+        the job runs. Output is read in chunks, not lines (a bar ends its line only when
+        it closes); a piece with no end yet (a bar waiting for its next redraw) is shown
+        once nothing more has arrived for `idle_s`."""
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
-        for raw in child.popen.stdout:
-            # progress bars redraw with \r: show each redraw as its own line
-            for line in raw.decode(errors="replace").rstrip("\n").split("\r"):
-                if not line.strip():
-                    continue
-                child.tail.append(line)
+        fd = child.popen.stdout.fileno()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
+
+        def emit(piece: str) -> None:
+            if piece.strip():
+                child.tail.append(piece)
                 if not self.cfg.quiet:
-                    self._log(f"{prefix} {line}")
+                    self._log(f"{prefix} {piece}")
+
+        while True:
+            if len(pending) > shown and not poller.poll(int(idle_s * 1000)):
+                emit(pending[shown:])
+                shown = len(pending)
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            pieces = re.split(r"[\r\n]", pending + decoder.decode(data))
+            pending = pieces.pop()
+            if pieces:
+                emit(pieces[0][shown:])
+                for piece in pieces[1:]:
+                    emit(piece)
+                shown = 0
+        emit(pending[shown:] + decoder.decode(b"", final=True))
 
     def _log(self, text: str) -> None:
         with self._print_lock:
@@ -241,9 +386,19 @@ class Launcher:
                         self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))
                     except Exception:
                         pass
-                    self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({_describe_exit(code)}); "
-                              f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
-                    deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
+                    if self._joined(c.proc.rank):
+                        self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({_describe_exit(code)}); "
+                                  f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
+                        deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
+                    else:  # the others are waiting for it at the rendezvous: nothing to wait for
+                        self._log(f"hetrain: {topo.describe(c.proc.rank)} exited ({_describe_exit(code)}) before "
+                                  "the job formed; stopping the others now")
+                        self._stop_all(grace=3.0)
+            if first is None and running and self._workers_left_without_joining():
+                self._log("hetrain: every worker finished without joining the job (the script never called "
+                          "hetrain.init()); stopping the summation servers")
+                self._stop_all(grace=3.0)
+                break
             if not running:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -264,6 +419,23 @@ class Launcher:
         self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({_describe_exit(first.popen.returncode)}). "
                   f"Its last output:\n{tail}")
         return 1
+
+    def _joined(self, rank: int) -> bool:
+        """Whether `rank` got past the rendezvous (hetrain.init() marks it in the store);
+        True when the store cannot say, so the ordinary timeout applies."""
+        try:
+            return bool(self.store.check([f"hetrain/joined/{rank}"]))
+        except Exception:
+            return True
+
+    def _workers_left_without_joining(self) -> bool:
+        workers = [c for c in self.children if c.proc.role == "worker"]
+        if not workers or any(c.popen.returncode is None for c in workers) or self._server_check_done:
+            return False
+        self._server_check_done = True  # asked once, when the last worker has ended
+        servers = any(c.proc.role == "server" and c.popen.returncode is None for c in self.children)
+        return servers and all(c.popen.returncode in (0, EXIT_STOPPED) for c in workers) and \
+            not any(self._joined(c.proc.rank) for c in workers)
 
     def _stop_all(self, grace: float) -> None:
         alive = [c for c in self.children if c.popen.poll() is None]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
 import struct
 
@@ -10,7 +11,7 @@ _SIOCGIFADDR = 0x8915
 
 def iface_for_address(address: str) -> str | None:
     """Name of the local interface holding `address` (IPv4), or None."""
-    if address.startswith("127."):
+    if ipaddress.ip_address(address).is_loopback:  # 127.x and ::1
         return "lo"
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

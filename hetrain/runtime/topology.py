@@ -1,7 +1,8 @@
 """Which processes a job runs, and their ranks, for a cluster and a communication mode.
 
-Ranks: workers 0..n-1 in cluster order, then summation servers: co-located ones (on
-worker machines, worker order) and then CPU-machine ones. Every node computes the same
+Ranks: workers 0..n-1 in cluster order (a machine with `gpus: N` contributes N workers
+with local ranks 0..N-1, one per GPU), then summation servers: co-located ones (one per
+worker machine, worker order) and then CPU-machine ones. Every node computes the same
 table from the same cluster file, so no cluster manager is needed.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Proc:
     machine: MachineSpec
     index: int  # worker index, or server index
     share: float = 0.0  # servers: fraction of gradient bytes they sum
+    local_rank: int = 0  # workers: index among the workers of its machine (its GPU)
 
     @property
     def label(self) -> str:
@@ -59,7 +61,34 @@ class Topology:
 
     def describe(self, rank: int) -> str:
         p = self.procs[rank]
-        return f"rank {rank} ({p.role} on machine {p.machine.name})"
+        local = f", local rank {p.local_rank}" if p.role == "worker" and p.machine.local_workers > 1 else ""
+        return f"rank {rank} ({p.role} on machine {p.machine.name}{local})"
+
+    @property
+    def worker_machines(self) -> list[list[int]]:
+        """The worker ranks of each worker machine, in cluster order."""
+        out: dict[str, list[int]] = {}
+        for p in self.workers:
+            out.setdefault(p.machine.name, []).append(p.rank)
+        return list(out.values())
+
+    @property
+    def worker_labels(self) -> list[str]:
+        """One name per worker for logs and reports: the machine's, with `:<local rank>`
+        on machines with several workers."""
+        return [p.machine.name + (f":{p.local_rank}" if p.machine.local_workers > 1 else "") for p in self.workers]
+
+    def local_peers(self, rank: int) -> list[int]:
+        """The worker ranks on this worker's machine (itself included)."""
+        name = self.procs[rank].machine.name
+        return [p.rank for p in self.workers if p.machine.name == name]
+
+
+def lanes_for(shares, max_lanes: int = 8) -> list[int]:
+    """Parallel connections per server, proportional to its share (at least 1)."""
+    shares = np.asarray(shares, dtype=float)
+    smallest = shares[shares > 0].min()
+    return [int(min(max_lanes, max(1, round(s / smallest)))) if s > 0 else 1 for s in shares]
 
 
 def server_shares(cluster: ClusterSpec, mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +123,10 @@ def server_shares(cluster: ClusterSpec, mode: str) -> tuple[np.ndarray, np.ndarr
 
 def build_topology(cluster: ClusterSpec, mode: str = "byteps") -> Topology:
     gpu_shares, cpu_shares = server_shares(cluster, mode)
-    procs: list[Proc] = [Proc(i, "worker", m, i) for i, m in enumerate(cluster.workers)]
+    procs: list[Proc] = []
+    for m in cluster.workers:
+        for local in range(m.local_workers):
+            procs.append(Proc(len(procs), "worker", m, len(procs), local_rank=local))
     servers = [(m, s) for m, s in zip(cluster.workers, gpu_shares) if s > _MIN_SHARE]
     servers += [(m, s) for m, s in zip(cluster.cpu_machines, cpu_shares) if s > _MIN_SHARE]
     total = sum(s for _, s in servers)

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     r.add_argument("--workdir", default="sched-run", help="checkpoints and logs go here")
     r.add_argument("--json", help="write the measured and simulated JCTs here")
     r.set_defaults(func=_run)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: p.error("choose an action: simulate or run"))
 
 
 def _workload(args, cluster):

@@ -15,7 +15,7 @@ the same numbers, so all agree on the shares without a coordinator. The global b
 never changes, and push_pull weights each gradient by its batch size, so the update is
 the one a single machine would compute on the whole global batch.
 
-Memory caps come from the device itself (`hetrain.runtime.device.memory_limit`: free
+Memory caps come from the device itself (`hetrain.runtime.memory.memory_limit`: free
 GPU memory, or the process's cgroup / RLIMIT_AS / available RAM on a CPU); the cluster
 file's `memory` overrides the measurement.
 """
@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..runtime.device import SOURCES, MemoryLimit, memory_limit
+from ..runtime.devices import worker_device
+from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 
 
 class BatchDoesNotFitError(UserError):
@@ -321,7 +322,7 @@ class Balancer:
             raise UserError(f"global_batch must be >= 1 sample, got {global_batch}")
         self._gather = gather or worker_gather(ctx, "exchanging measured step times")
         topo = ctx.topology if ctx is not None else None
-        self.labels = labels or ([p.machine.name for p in topo.workers] if topo else [f"w{i}" for i in range(self.n)])
+        self.labels = labels or (list(topo.worker_labels) if topo else [f"w{i}" for i in range(self.n)])
         self.device = device or torch.device("cpu")
         self.devices = self._exchange_devices(memory)
         mem_caps = memory_caps([d.memory for d in self.devices], self.cfg, self.global_batch)
@@ -356,7 +357,7 @@ class Balancer:
             # CPU workers on one host share its RAM (and cgroup): split it evenly among them
             me = topo.proc(self.ctx.rank).machine
             peers = [p for p in topo.workers if p.machine.node == me.node and p.machine.address == me.address
-                     and not (p.machine.device is not None and p.machine.device.cuda and torch.cuda.is_available())]
+                     and worker_device(p).type == "cpu"]
             if len(peers) > 1:
                 return MemoryLimit(lim.bytes / len(peers), lim.source, f"{lim.detail}, split over {len(peers)} "
                                    "CPU workers on this host")

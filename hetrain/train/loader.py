@@ -40,12 +40,12 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import UserError
-from ..runtime.device import local_device, memory_limit, synchronize
+from ..runtime.memory import memory_limit, synchronize
 from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample, median_spread, spread,
                       worker_gather)
 from .sampler import GlobalBatchSampler
 
-__all__ = ["BalancedLoader", "BalancedBatchSampler", "WorkerGroup", "local_device"]
+__all__ = ["BalancedLoader", "BalancedBatchSampler", "WorkerGroup"]
 
 # the numbers every worker contributes per step (gathered with the step-time fit)
 METRICS = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
@@ -64,9 +64,15 @@ class WorkerGroup:
 
 
 def _job_group(ctx) -> WorkerGroup:
-    labels = tuple(p.machine.name for p in ctx.topology.workers) if ctx.topology else ("w0",)
+    labels = tuple(ctx.topology.worker_labels) if ctx.topology else ("w0",)
     return WorkerGroup(ctx.rank if ctx.distributed else 0, ctx.num_workers, worker_gather(ctx, "exchanging step "
                                                                                            "times"), labels)
+
+
+def _job_device(ctx) -> torch.device:
+    """This worker's device (`hetrain.device()`: cuda:<local rank> on a machine with
+    `cuda: true`, else the CPU)."""
+    return getattr(ctx, "device", None) or torch.device("cpu")
 
 
 def _zero_stats() -> tuple[float, float, float, float]:
@@ -99,7 +105,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if global_batch < group.size:
             raise UserError(f"global_batch {global_batch} is smaller than the {group.size} workers; raise it to at "
                             f"least {group.size} so every worker gets a sample")
-        self.device = device if device is not None else local_device(ctx)
+        self.device = device if device is not None else _job_device(ctx)
         self.drop_last = drop_last
         self.sampler = GlobalBatchSampler(num_samples, global_batch, group.size, seed=seed)
         if drop_last and num_samples < global_batch:
@@ -241,8 +247,8 @@ class BalancedLoader:
                      the model state (parameters, gradients and one optimizer buffer),
                      so shares are capped by the device's measured free memory.
       memory_per_sample, reserved_bytes   give these instead (bytes).
-      device         where batches go (default: this worker's device: its GPU when the
-                     cluster file says `cuda: true` and CUDA is available, else the CPU).
+      device         where batches go (default: `hetrain.device()`, this worker's GPU when
+                     its machine says `cuda: true` in the cluster file, else the CPU).
       preload        copy a TensorDataset to the device once (default: on a GPU, when it
                      takes at most a quarter of the free memory).
       balance        "measured" (default) or "equal" (fixed equal shares, still measured).
@@ -273,7 +279,7 @@ class BalancedLoader:
             if ctx is None and group is None:
                 from ..runtime.context import init
                 ctx = init()
-            device = local_device(ctx)
+            device = _job_device(ctx)
         self.device = torch.device(device)
         self._tensors = list(dataset.tensors) if isinstance(dataset, torch.utils.data.TensorDataset) else None
         if memory_per_sample is None:

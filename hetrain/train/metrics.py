@@ -22,7 +22,7 @@ class StepLogger:
     def __init__(self, ctx, run_dir: str, writer=None):
         self.ctx = ctx
         self.rank = ctx.rank if ctx.distributed else 0
-        self.labels = [p.machine.name for p in ctx.topology.workers] if ctx.topology else ["w0"]
+        self.labels = ctx.topology.worker_labels if ctx.topology else ["w0"]
         # async / bounded staleness: no per-step collective (it would put workers in lock-step);
         # rank 0 logs its own row only
         self.gather = ctx.distributed and ctx.comm.sync == "sync" and len(self.labels) > 1

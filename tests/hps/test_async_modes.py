@@ -39,3 +39,28 @@ def test_async_lets_the_fast_worker_run_ahead(launch, tmp_path):
     assert server["bound"] is None
     # the fast worker (5x faster) is never held back: it runs well past any small bound
     assert workers[0]["max_gap"] > 2 and server["max_gap"] >= workers[0]["max_gap"], (workers, server)
+
+
+@pytest.mark.slow
+def test_staleness_zero_is_synchronous_sgd_on_the_global_batch(launch, tmp_path):
+    """Bound 0 with plain SGD: every push is weighted by its worker's share of the global
+    batch (unequal batches 4, 8, 12, known from the first round on), so the parameter
+    servers make exactly the single-process update."""
+    import sys
+
+    import torch
+
+    from tests.helpers import SCRIPTS, small_cluster
+
+    sys.path.insert(0, str(SCRIPTS))
+    from reference import single_process
+
+    out = tmp_path / "params"
+    rc, log, _ = launch("equiv_train.py", str(out), "--sgd", cluster=small_cluster(workers=3, cpus=1), mode="ps",
+                        extra=("--sync", "stale", "--staleness", "0"))
+    assert rc == 0, log
+    ref = single_process(momentum=0.0)
+    for r in range(3):
+        got = torch.load(out / f"rank{r}.pt")
+        for name, want in ref.items():
+            torch.testing.assert_close(got[name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hetrain.cluster.spec import parse_cluster
-from hetrain.runtime import device as devmod
-from hetrain.runtime.device import cgroup_remaining, cpu_memory_limit, local_device, memory_limit
+from hetrain.runtime import memory as devmod
+from hetrain.runtime.memory import cgroup_remaining, cpu_memory_limit, memory_limit
 
 
 def _proc(tmp_path, cgroup: str, meminfo_kb: int, vmsize_kb: int = 1000):
@@ -76,23 +76,11 @@ def test_cluster_memory_is_an_optional_override():
     assert spec.machines[1].device.memory == 2 * 2**30
 
 
-def test_local_device_follows_the_cluster_file_and_cuda():
-    from types import SimpleNamespace as NS
-
-    def ctx(cuda: bool):
-        machine = NS(device=NS(cuda=cuda))
-        return NS(rank=0, topology=NS(proc=lambda r: NS(machine=machine)))
-
-    gpu = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    assert local_device(ctx(cuda=False)) == torch.device("cpu")
-    assert local_device(ctx(cuda=True)) == gpu
-
-
 @pytest.mark.gpu
 def test_gpu_memory_from_the_driver():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    dev = local_device()
+    dev = torch.device("cuda", 0)
     lim = memory_limit(dev)
     free, total = torch.cuda.mem_get_info(dev)
     assert dev.type == "cuda" and lim.source == "cuda" and 0 < lim.bytes <= total

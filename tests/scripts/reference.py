@@ -29,11 +29,11 @@ def shares(total, n):
     return sizes
 
 
-def single_process(batches=None):
+def single_process(batches=None, momentum: float = 0.9):
     """One process on the whole global batches (default: STEPS batches in data order)."""
     x, y = data()
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     for idx in (batches if batches is not None else [global_batch(s) for s in range(STEPS)]):
         idx = torch.as_tensor(idx)
         opt.zero_grad()

@@ -9,6 +9,7 @@ import hetrain
 
 out = Path(sys.argv[1])
 steps = int(sys.argv[2])
+cuda = "--cuda" in sys.argv  # push CUDA tensors (codecs encode on the GPU)
 ctx = hetrain.init()
 rank, n = hetrain.rank(), hetrain.size()
 shapes = {"layer0.weight": (40, 30), "layer0.bias": (40,), "layer1.weight": (700,)}
@@ -24,9 +25,9 @@ for step in range(steps):
             exact[k] += ts[k] * weights[r] / sum(weights)
         if r == rank:
             mine = ts
-    named = list(mine.items())
+    named = [(k, v.to(hetrain.device()) if cuda else v) for k, v in mine.items()]
     hetrain.push_pull(named, batch_size=weights[rank])
-    got.append(torch.cat([t.reshape(-1) for _, t in named]))
+    got.append(torch.cat([t.reshape(-1).cpu() for _, t in named]))
     want.append(torch.cat([exact[k].reshape(-1) for k in shapes]))
 st = hetrain.engine().stats
 out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,5 @@
-"""This worker's own compute device, and how much memory it really has free.
-
-`local_device(ctx)` picks the torch.device a worker trains on: `cuda:<LOCAL_RANK>` when
-its machine's device says `cuda: true` and CUDA is available, else the CPU.
+"""How much memory a worker's device really has free (the device itself is
+`hetrain.device()`, bound by `hetrain.runtime.devices`).
 
 `memory_limit(device)` measures what the device can still hold, so batch shares are
 capped by the hardware rather than by a number typed into the cluster file:
@@ -37,27 +35,6 @@ class MemoryLimit:
     bytes: float
     source: Source
     detail: str = ""
-
-
-def _cuda_ordinal(local_rank: int) -> int:
-    count = torch.cuda.device_count()
-    return local_rank if local_rank < count else local_rank % max(count, 1)
-
-
-def local_device(ctx=None) -> torch.device:
-    """The device this worker trains on (the lead's `hetrain.device()` will replace it).
-
-    `cuda:<LOCAL_RANK>` when the cluster file gives this worker's machine `cuda: true`
-    and CUDA is available here; the CPU otherwise (also in a one-process run without a
-    launcher, where CUDA is used when available).
-    """
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    if ctx is not None and ctx.topology is not None:
-        machine = ctx.topology.proc(ctx.rank).machine
-        if machine.device is None or not machine.device.cuda:
-            return torch.device("cpu")
-    return torch.device("cuda", _cuda_ordinal(int(os.environ.get("LOCAL_RANK", "0"))))
 
 
 def _cuda_free_bytes(device: torch.device) -> tuple[float, str]:

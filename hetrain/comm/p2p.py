@@ -1,0 +1,160 @@
+"""Point-to-point plumbing shared by every hetrain protocol: tag ranges, guarded sends
+and receives, waits that name the lost peer, and flat packing of tensor lists.
+
+Tags. gloo matches a message by (source, tag), so two protocols that use the same tag
+between the same pair of ranks would steal each other's messages. Every protocol takes
+its tags from one range reserved in the table below; `reserve` refuses overlapping
+ranges, so a collision is an import-time error, not a silent mix-up.
+
+The guard. gloo's send and receive take host memory only: handed a CUDA pointer, gloo's
+I/O thread aborts the whole process (`writev ... Bad address`). Every hetrain send and
+receive goes through `isend`/`irecv`/`send`/`recv` here, which refuse anything but a CPU
+tensor with a UserError naming the tensor, before gloo sees it. CUDA tensors reach the
+wire only through the engine's pinned staging buffers (comm/staging.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+TAG_LIMIT = 1 << 31  # gloo tags are int32
+
+
+@dataclass(frozen=True)
+class TagRange:
+    """Tags `start .. start+size-1`, owned by one protocol."""
+
+    name: str
+    start: int
+    size: int
+
+    def __call__(self, i: int) -> int:
+        if not 0 <= i < self.size:
+            raise ValueError(f"tag {i} is outside the {self.size} tags of {self.name!r}")
+        return self.start + i
+
+
+_RANGES: dict[str, TagRange] = {}
+
+
+def reserve(name: str, start: int, size: int) -> TagRange:
+    """Reserve a tag range for one protocol; overlapping another range is an error."""
+    if start < 0 or size < 1 or start + size > TAG_LIMIT:
+        raise ValueError(f"tag range {name!r} [{start}, {start + size}) leaves 0..2^31")
+    for r in _RANGES.values():
+        if start < r.start + r.size and r.start < start + size and r.name != name:
+            raise ValueError(f"tag range {name!r} [{start}, {start + size}) overlaps {r.name!r} "
+                             f"[{r.start}, {r.start + r.size})")
+    _RANGES[name] = TagRange(name, start, size)
+    return _RANGES[name]
+
+
+def ranges() -> list[TagRange]:
+    return sorted(_RANGES.values(), key=lambda r: r.start)
+
+
+# The registry: every protocol's tags, in one table.
+SPARSE_PS = reserve("sparse-ps", 16, 16)  # pipeline/sparse_ps.py: header, ids, rows, grads
+ASYNC_PS = reserve("async-ps", 32, 8)  # comm/async_ps.py: control, data, parameters
+ANNOUNCE = reserve("announce", 48, 8)  # comm/protocol.py: step announcement and answer
+PIPELINE = reserve("pipeline", 1 << 16, 1 << 20)  # pipeline/worker.py: 64 tags per micro-batch
+PARTITIONS = reserve("partitions", 1 << 21, TAG_LIMIT - (1 << 21))  # push_pull partitions, by layout epoch
+
+
+# ---- the guard -----------------------------------------------------------------------------
+def host_only(t: torch.Tensor, what: str) -> torch.Tensor:
+    """Refuse a tensor gloo's transport cannot take (it reads and writes host memory only)."""
+    if not isinstance(t, torch.Tensor):
+        raise UserError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise UserError(f"{what}: a tensor on {t.device} cannot be handed to gloo, which moves host memory only; "
+                        "hetrain stages CUDA tensors through pinned host buffers in push_pull and the optimizer "
+                        "(use those), or move the tensor to the CPU first")
+    return t
+
+
+def isend(t: torch.Tensor, dst: int, tag: int, group=None, what: str = "send"):
+    return dist.isend(host_only(t, what), dst=dst, tag=tag, group=group)
+
+
+def irecv(t: torch.Tensor, src: int | None, tag: int, group=None, what: str = "receive"):
+    return dist.irecv(host_only(t, what), src=src, tag=tag, group=group)
+
+
+def send(t: torch.Tensor, dst: int, tag: int, group=None, what: str = "send") -> None:
+    dist.send(host_only(t, what), dst=dst, tag=tag, group=group)
+
+
+def recv(t: torch.Tensor, src: int | None, tag: int, group=None, what: str = "receive") -> int:
+    return dist.recv(host_only(t, what), src=src, tag=tag, group=group)
+
+
+# ---- waits that name the lost peer ---------------------------------------------------------
+ErrorFactory = Callable[[str, list[int], BaseException], BaseException]
+
+
+def wait(work, on_error: ErrorFactory | None, what: str, peers: Sequence[int] = ()) -> None:
+    """Wait for one request; a broken connection or a timeout becomes `on_error(what,
+    peers, err)` (Context.peer_error names the lost rank), raised without the gloo trace."""
+    try:
+        work.wait()
+    except RuntimeError as err:
+        if on_error is None:
+            raise
+        raise on_error(what, list(peers), err) from None
+
+
+def wait_all(works: Iterable, on_error: ErrorFactory | None, what: str, peers: Sequence[int] = ()) -> None:
+    """Wait for several requests: plain works (blamed on `peers`) or (peer, work) pairs."""
+    for item in works:
+        if isinstance(item, tuple):
+            peer, work = item[0], item[1]
+            wait(work, on_error, what, [peer])
+        else:
+            wait(item, on_error, what, peers)
+
+
+# ---- flat packing --------------------------------------------------------------------------
+def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """One contiguous 1-D buffer holding `tensors` back to back (in `dtype`, default the
+    first tensor's); written into `out` when given, so a staging buffer can be reused."""
+    dtype = dtype or (tensors[0].dtype if tensors else torch.float32)
+    numel = sum(t.numel() for t in tensors)
+    if out is None:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        out = torch.empty(numel, dtype=dtype, device=device)
+    elif out.numel() != numel:
+        raise ValueError(f"flatten: buffer holds {out.numel()} elements, tensors {numel}")
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        out[off: off + n].copy_(t.detach().reshape(-1))
+        off += n
+    return out
+
+
+def unflatten(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Views of `flat` with the given shapes, back to back (the inverse of flatten)."""
+    out, off = [], 0
+    for shape in shapes:
+        n = 1
+        for s in shape:
+            n *= int(s)
+        out.append(flat[off: off + n].view(*shape))
+        off += n
+    if off != flat.numel():
+        raise ValueError(f"unflatten: shapes cover {off} elements, buffer has {flat.numel()}")
+    return out
+
+
+def copy_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Write a flat buffer back into `tensors` (in place, each in its own dtype)."""
+    with torch.no_grad():
+        for t, v in zip(tensors, unflatten(flat, [t.shape for t in tensors])):
+            t.copy_(v)

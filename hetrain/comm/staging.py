@@ -1,0 +1,242 @@
+"""Staging: between the user's tensors and a transport.
+
+A transport moves partitions of a flat fp32 buffer (comm/flatlayout.py). Staging decides
+where those bytes live and how they get there and back:
+
+- *direct* staging (the summation-server path of a machine with one worker): the bytes
+  on the wire are made straight from the user's tensors (zero-copy where a partition lies
+  inside one contiguous tensor) and results are written straight back;
+- *work* staging (all-reduce, and the hierarchical path that first adds the gradients
+  of a machine's workers): the gradients are copied, pre-scaled, into a flat work buffer
+  on which collectives run, and the results are copied back.
+
+This module holds the host (CPU tensor) stagings. CUDA tensors use the stagings of
+comm/cuda.py: pinned host buffers, a device-to-host copy stream that waits on an event
+recorded when each gradient is ready, and a host-to-device stream the compute stream
+waits on, so no device pointer ever reaches gloo and backward is never blocked.
+
+Every staging offers the same calls, used by the transports:
+
+  begin(scale)            a new step (scale: factor applied while filling, work staging)
+  fill(i, t, lo, hi)      elements [lo, hi) of tensor i are final; returns the partitions
+                          whose every element is now filled
+  work_ready(wait)        partitions whose work buffer is complete (collectives may start)
+  work_view(pid)          the work buffer of a partition (host or device)
+  stage_out(pid)          make the wire bytes of a partition this worker pushes
+  out_ready(wait)         partitions whose wire bytes are in host memory
+  views(pid)              (send, receive) host tensors of a partition
+  stage_in(pid)           its result arrived in the receive view: decode it and put it
+                          where it belongs (the user's tensors, or the work buffer)
+  deliver(pid)            work buffer -> the user's tensors
+  complete(tensors)       end of step: results that could not be written in place
+"""
+from __future__ import annotations
+
+import torch
+
+from .compress import ErrorFeedback
+from .flatlayout import FlatLayout
+from .wire import decode_part, encode_part, payload_bytes
+
+
+class Staging:
+    direct = False
+    on_device = False  # the work buffer lives on the GPU (collectives there: NCCL)
+
+    def __init__(self, layout: FlatLayout):
+        self.layout = layout
+        self.filled = [0] * len(layout.parts)
+        self.scale = 1.0
+        self._ready: list[int] = []
+        self._out: list[int] = []
+
+    def begin(self, scale: float = 1.0) -> None:
+        self.scale = float(scale)
+        self.filled = [0] * len(self.layout.parts)
+        self._ready, self._out = [], []
+
+    def _count(self, i: int, lo: int, hi: int) -> list[int]:
+        a = self.layout.bounds[i]
+        whole = lo == 0 and a + hi == self.layout.bounds[i + 1]
+        touch = self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)
+        done = []
+        for pid, n in touch:
+            self.filled[pid] += n
+            if self.filled[pid] == self.layout.parts[pid].length:
+                done.append(pid)
+        return done
+
+    # defaults for host memory: everything is ready as soon as it is asked for
+    def work_ready(self, wait: bool) -> list[int]:
+        out, self._ready = self._ready, []
+        return out
+
+    def stage_out(self, pid: int) -> None:
+        self._out.append(pid)
+
+    def out_ready(self, wait: bool) -> list[int]:
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def outstanding(self) -> int:
+        """stage_out calls whose bytes out_ready has not returned yet."""
+        return len(self._out)
+
+    def in_event(self, pid: int):
+        """What a device collective on the work buffer must wait for after stage_in (None: nothing)."""
+        return None
+
+
+def _flat_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of t when it has one (contiguous), else None."""
+    t = t.detach()
+    return t.view(-1) if t.is_contiguous() else None
+
+
+class HostDirect(Staging):
+    """Host tensors straight to the servers: a partition inside one contiguous tensor is
+    sent from that tensor and its result received straight into it (the result can only
+    arrive after the server has every worker's push, so after the send has read it); one
+    that spans tensors is copied into a staging buffer when it is sent. With a codec each
+    partition is encoded into a payload buffer (error feedback kept per element)."""
+
+    direct = True
+
+    def __init__(self, layout: FlatLayout):
+        super().__init__(layout)
+        numel = layout.numel
+        self.send = torch.empty(numel, dtype=torch.float32)
+        self.recv = torch.empty(numel, dtype=torch.float32)
+        if layout.wire is not None:
+            total = payload_bytes(list(layout.wire))
+            self.psend = torch.zeros(total, dtype=torch.uint8)
+            self.precv = torch.zeros(total, dtype=torch.uint8)
+            self.feedback = ErrorFeedback(numel)
+
+    def begin(self, scale: float = 1.0) -> None:
+        if scale != 1.0:  # pragma: no cover - the servers weight direct pushes
+            raise ValueError("direct staging sends gradients unscaled; the servers weight them")
+        super().begin(scale)
+        self.flat: dict[int, torch.Tensor] = {}
+        self.inplace: dict[int, bool] = {}
+        self.storages: set = set()
+        self.direct_pid: dict[int, bool] = {}
+
+    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        if i not in self.flat:
+            t = t.detach()
+            storage = t.untyped_storage().data_ptr() if t.numel() else None
+            # a tensor sharing storage with an earlier one (tied or viewed buffers) is sent from
+            # a snapshot: the earlier one's result may land in that memory before it is read;
+            # so is one that is not fp32 (the wire carries fp32)
+            inplace = (t.is_contiguous() and t.dtype == torch.float32
+                       and (storage is None or storage not in self.storages))
+            self.storages.add(storage)
+            self.inplace[i] = inplace
+            self.flat[i] = t.view(-1) if inplace else torch.empty(t.numel(), dtype=torch.float32)
+        if not self.inplace[i]:
+            self.flat[i][lo:hi].copy_(t.detach().reshape(-1)[lo:hi])
+        return self._count(i, lo, hi)
+
+    def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.layout.parts[pid]
+        spans = self.layout.spans[pid]
+        if self.layout.wire is None and len(spans) == 1:  # inside one tensor: zero-copy
+            i, lo, hi = spans[0]
+            a = self.layout.bounds[i]
+            sbuf = self.flat[i][lo - a: hi - a]
+            self.direct_pid[pid] = self.inplace[i]
+            return sbuf, (sbuf if self.inplace[i] else self.recv[lo:hi])
+        self.direct_pid[pid] = False
+        for i, lo, hi in spans:
+            a = self.layout.bounds[i]
+            self.send[lo:hi].copy_(self.flat[i][lo - a: hi - a])
+        if self.layout.wire is None:
+            return self.send[p.start: p.start + p.length], self.recv[p.start: p.start + p.length]
+        w = self.layout.wire[pid]
+        sbuf = self.psend[w.offset: w.offset + w.nbytes]
+        encode_part(w, self.send, sbuf, self.feedback)
+        return sbuf, self.precv[w.offset: w.offset + w.nbytes]
+
+    def stage_in(self, pid: int) -> None:
+        """Write the result into the user's tensors as soon as it arrives (unless it was
+        received in place), so complete() has no copy of the model left."""
+        if self.layout.wire is not None:
+            w = self.layout.wire[pid]
+            decode_part(w, self.precv[w.offset: w.offset + w.nbytes], self.recv)
+        if self.direct_pid.get(pid):
+            return
+        for i, lo, hi in self.layout.spans[pid]:
+            if self.inplace[i]:
+                a = self.layout.bounds[i]
+                self.flat[i][lo - a: hi - a].copy_(self.recv[lo:hi])
+
+    def complete(self, tensors) -> None:
+        for i, t in enumerate(tensors):
+            if not self.inplace.get(i, True):
+                a, b = self.layout.tensor_range(i)
+                t.copy_(self.recv[a:b].view_as(t))
+
+
+class HostWork(Staging):
+    """Host tensors into a flat work buffer, pre-scaled, for collectives (all-reduce, or a
+    machine's local reduce before its owner pushes to the servers). The server leg sends
+    from and receives into the work buffer (through a payload buffer with a codec)."""
+
+    def __init__(self, layout: FlatLayout):
+        super().__init__(layout)
+        self.work = torch.empty(layout.numel, dtype=torch.float32)
+        if layout.wire is not None:
+            total = payload_bytes(list(layout.wire))
+            self.psend = torch.zeros(total, dtype=torch.uint8)
+            self.precv = torch.zeros(total, dtype=torch.uint8)
+            self.feedback = ErrorFeedback(layout.numel)
+
+    def begin(self, scale: float = 1.0) -> None:
+        super().begin(scale)
+        self.targets: dict[int, torch.Tensor | None] = {}
+
+    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        self.targets[i] = _flat_of(t)
+        a = self.layout.bounds[i]
+        src = t.detach().reshape(-1)[lo:hi]
+        dst = self.work[a + lo: a + hi]
+        if self.scale != 1.0:
+            torch.mul(src, self.scale, out=dst)
+        else:
+            dst.copy_(src)
+        done = self._count(i, lo, hi)
+        self._ready.extend(done)
+        return done
+
+    def work_view(self, pid: int) -> torch.Tensor:
+        p = self.layout.parts[pid]
+        return self.work[p.start: p.start + p.length]
+
+    def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layout.wire is None:
+            v = self.work_view(pid)
+            return v, v
+        w = self.layout.wire[pid]
+        sbuf = self.psend[w.offset: w.offset + w.nbytes]
+        encode_part(w, self.work, sbuf, self.feedback)
+        return sbuf, self.precv[w.offset: w.offset + w.nbytes]
+
+    def stage_in(self, pid: int) -> None:
+        if self.layout.wire is not None:
+            w = self.layout.wire[pid]
+            decode_part(w, self.precv[w.offset: w.offset + w.nbytes], self.work)
+
+    def deliver(self, pid: int) -> None:
+        for i, lo, hi in self.layout.spans[pid]:
+            dst = self.targets.get(i)
+            if dst is not None:
+                a = self.layout.bounds[i]
+                dst[lo - a: hi - a].copy_(self.work[lo:hi])
+
+    def complete(self, tensors) -> None:
+        for i, t in enumerate(tensors):
+            if self.targets.get(i, 0) is None:  # not contiguous: written whole at the end
+                a, b = self.layout.tensor_range(i)
+                t.copy_(self.work[a:b].view_as(t))
