@@ -218,6 +218,8 @@ def real(tmp, q) -> dict:
         runs = [r for r in res["runs"] if r["kind"] == kind]
         sps = [_steady_sps(r, gb, skip) for r in runs]
         row = {"samples_per_s": float(np.median(sps)), "samples_per_s_repeats": sps,
+               "exchange_ms_per_step": float(np.median([1e3 * r.get("loader_exchange_s", 0.0) / max(1, r["steps"])
+                                                        for r in runs])),
                "final_shares": runs[0]["sizes"][-1], "final_acc": float(np.median([r["final_acc"] for r in runs]))}
         if kind != "ddp":
             # the loader's measure (step compute minus exchange), pooled over repeats
