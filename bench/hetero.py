@@ -217,7 +217,11 @@ def real(tmp, q) -> dict:
     for kind in ("balanced", "equal", "ddp"):
         runs = [r for r in res["runs"] if r["kind"] == kind]
         sps = [_steady_sps(r, gb, skip) for r in runs]
+        # shares as used over the measured steps (mean over steps and repeats): one step's
+        # shares are noisy on a loaded host
+        mean_shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
         row = {"samples_per_s": float(np.median(sps)), "samples_per_s_repeats": sps,
+               "mean_shares": [round(float(v), 1) for v in mean_shares],
                "exchange_ms_per_step": float(np.median([1e3 * r.get("loader_exchange_s", 0.0) / max(1, r["steps"])
                                                         for r in runs])),
                "final_shares": runs[0]["sizes"][-1], "final_acc": float(np.median([r["final_acc"] for r in runs]))}
@@ -237,8 +241,8 @@ def real(tmp, q) -> dict:
     # with fewer cores than workers the workers share cores, so the bound is the total
     # work per step (sum of w_i b_i), not the slowest worker: equal over balanced shares
     w = np.asarray(work, dtype=float)
-    out["core_sharing_bound"] = float(w @ np.asarray(out["equal"]["final_shares"]) /
-                                      (w @ np.asarray(out["balanced"]["final_shares"])))
+    out["core_sharing_bound"] = float(w @ np.asarray(out["equal"]["mean_shares"]) /
+                                      (w @ np.asarray(out["balanced"]["mean_shares"])))
     return out
 
 
@@ -318,17 +322,17 @@ def _table(out: dict) -> None:
               f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
               f"host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
               f"{r['host']['loadavg_1min_after']:.1f}) ==")
-        print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  final shares")
+        print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  mean shares")
         for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
                          ("ddp", "PyTorch DDP equal shares")):
             x = r[k]
             f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
             print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
-                  f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['final_shares']}")
+                  f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['mean_shares']}")
         print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
               f"(ideal with a core per worker {r['ideal_speedup']:.2f}x; with {r['host']['cpus']} cores shared by "
               f"{len(r['work'])} workers the bound is the total work per step: "
-              f"{r['core_sharing_bound']:.2f}x at these shares). spread: median over steps of the slowest worker's "
+              f"{r['core_sharing_bound']:.2f}x at these mean shares). spread: median over steps of the slowest worker's "
               f"compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
               f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
     for n in out.get("notes", []):

@@ -76,24 +76,27 @@ class BalanceConfig:
 class StepTimeModel:
     """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
 
-    - The fixed part comes from a Theil–Sen regression (median of pairwise slopes,
-      `scipy.stats.theilslopes`) over the last `window` steps, which tolerates up to
-      ~29% outliers. It is refitted only when the window's batch sizes are spread
-      enough to identify a slope (max − min ≥ max(2, 20% of the median)); otherwise
-      the last identified fixed part is held (balanced shares settle, so the window
-      soon holds one batch size only). Before any identification it is 0 (a
-      proportional model).
-    - The per-sample part is the median, over the last `recent` steps, of
-      (t − fixed) / b. So the model always passes through the current operating point:
-      shares that equalise predicted times equalise measured ones, whatever error the
-      fixed part has, and a speed change is followed within `recent`/2 + 1 steps.
+    - The shape (the ratio of fixed to per-sample time) comes from a Theil–Sen
+      regression (median of pairwise slopes, `scipy.stats.theilslopes`) over the last
+      `window` steps, which tolerates up to ~29% outliers. It is refitted only when the
+      window's batch sizes are spread enough to identify a slope (max − min ≥ max(2, 20%
+      of the median)); otherwise the last identified line is held (balanced shares
+      settle, so the window soon holds one batch size only). Before any identification
+      the fixed part is 0 (a proportional model). A slope ≤ 0 (time flat in the batch,
+      e.g. a GPU far from busy) is read as 90% fixed time.
+    - The level follows the last `recent` steps: both parts are scaled by the median of
+      measured / predicted time over them. So the model always passes through the
+      current operating point (shares that equalise predicted times equalise measured
+      ones, whatever error the shape has), one disturbed step does not move it, and a
+      slowdown or speed-up (interference stretches the whole step) is followed within
+      `recent`/2 + 1 steps without the overshoot a held fixed part would cause.
     """
 
     def __init__(self, window: int = 16, recent: int = 3, min_spread: float = 0.2):
         self.obs: deque[tuple[int, float]] = deque(maxlen=window)
         self.recent = recent
         self.min_spread = min_spread
-        self.fixed_fit: float | None = None  # last identified fixed part (seconds)
+        self.line: tuple[float, float] | None = None  # last identified (fixed s, per-sample s)
         self.how = "none"  # none | proportional | regression | held
 
     def add(self, samples: int, seconds: float) -> None:
@@ -114,15 +117,21 @@ class StepTimeModel:
             from scipy.stats import theilslopes
 
             slope, intercept = theilslopes(t, b)[:2]
-            if np.isfinite(intercept):
-                self.fixed_fit = float(max(0.0, intercept)) if slope > 0 else float(np.median(t) * 0.9)
+            med_t, med_b = float(np.median(t)), float(np.median(b))
+            if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
+                self.line = (max(0.0, float(intercept)), float(slope))
+            elif np.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
+                self.line = (0.9 * med_t, 0.1 * med_t / med_b)
             self.how = "regression"
         else:
-            self.how = "held" if self.fixed_fit is not None else "proportional"
+            self.how = "held" if self.line is not None else "proportional"
         rb, rt = b[-self.recent:], t[-self.recent:]
-        fixed = min(self.fixed_fit or 0.0, 0.9 * float(rt.min()))  # never all of a step
-        per_sample = float(np.median((rt - fixed) / rb))
-        return fixed, max(per_sample, 1e-12)
+        fixed, per = self.line if self.line is not None else (0.0, float(np.median(rt / rb)))
+        pred = fixed + per * rb
+        scale = float(np.median(rt / np.where(pred > 0, pred, np.inf))) if np.all(pred > 0) else 1.0
+        if not (np.isfinite(scale) and scale > 0):
+            scale = 1.0
+        return fixed * scale, max(per * scale, 1e-12)
 
 
 # ---- the share solver ---------------------------------------------------------------------

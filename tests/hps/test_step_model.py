@@ -105,13 +105,27 @@ def test_model_falls_back_when_batch_sizes_do_not_vary():
     assert m.fit() == pytest.approx((0.0, 0.0014)) and m.how == "proportional"
     for b in (20, 40, 60, 80):  # identifies fixed 0.02 s, 1 ms/sample
         m.add(b, 0.02 + 0.001 * b)
-    assert m.fit()[0] == pytest.approx(0.02, abs=1e-6)
-    for _ in range(8):  # balanced: one batch size again; the device gets 2x slower per sample
-        m.add(60, 0.02 + 0.002 * 60)
+    assert m.fit() == pytest.approx((0.02, 0.001), abs=1e-9)
+    for _ in range(8):  # balanced: one batch size again; the whole step gets 1.75x slower
+        m.add(60, 1.75 * (0.02 + 0.001 * 60))
     fixed, per = m.fit()
-    assert m.how == "held" and fixed == pytest.approx(0.02, abs=1e-6) and per == pytest.approx(0.002)
-    # the model passes through the current operating point whatever the fixed part
-    assert fixed + per * 60 == pytest.approx(0.14)
+    assert m.how == "held"
+    assert fixed / per == pytest.approx(20.0)  # the identified shape is kept ...
+    assert fixed + per * 60 == pytest.approx(0.14)  # ... at the current operating point
+
+
+def test_speed_up_after_a_slowdown_does_not_overshoot():
+    m = StepTimeModel(window=16, recent=3)
+    for b in (40, 20, 60, 30, 50):
+        m.add(b, 4 * (0.02 + 0.001 * b))  # slow: everything 4x
+    for _ in range(3):
+        m.add(10, 0.02 + 0.001 * 10)  # back to full speed at a small share
+    fixed, per = m.fit()
+    assert fixed + per * 10 == pytest.approx(0.03)  # passes through the operating point
+    # at a larger next share it does not predict the worker faster than it is (which would
+    # hand it too many samples: an overshoot); a held fixed part of the slow regime would
+    # predict 0.039 s here against the true 0.06 s
+    assert 0.06 * 0.95 <= fixed + per * 40 <= 0.06 * 1.5
 
 
 def test_model_follows_a_speed_change_within_two_steps():
