@@ -49,7 +49,7 @@ class BalanceConfig:
 
     policy: Literal["measured", "equal"] = "measured"  # equal: fixed equal shares (capped by memory), still measured
     window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
-    recent: int = 3  # per-sample time = median over the last `recent` steps (one outlier does not move shares)
+    recent: int = 5  # the level follows the median over the last `recent` steps (two outliers do not move shares)
     every: int = 1  # re-balance every `every` steps
     overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
@@ -92,7 +92,7 @@ class StepTimeModel:
       `recent`/2 + 1 steps without the overshoot a held fixed part would cause.
     """
 
-    def __init__(self, window: int = 16, recent: int = 3, min_spread: float = 0.2):
+    def __init__(self, window: int = 16, recent: int = 5, min_spread: float = 0.2):
         self.obs: deque[tuple[int, float]] = deque(maxlen=window)
         self.recent = recent
         self.min_spread = min_spread
