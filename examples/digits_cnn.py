@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--epochs", type=int, default=4)
@@ -31,8 +31,8 @@ model = nn.Sequential(
     nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
     nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
 opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                    generator=torch.Generator().manual_seed(1))
+loader = DataLoader(train, batch_size=args.batch_size, drop_last=True,
+                    sampler=RandomSampler(train, generator=torch.Generator().manual_seed(1)))
 
 for epoch in range(args.epochs):
     for xb, yb in loader:
