@@ -18,8 +18,25 @@ _AREAS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag mistakes in one line (argparse's default prints the whole usage first);
+    sub-command parsers inherit this class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def one_line(err: BaseException) -> str:
+    """A message on one line: a file with several bad fields lists them joined by '; '."""
+    parts = [line.strip().removeprefix("- ").strip() for line in str(err).splitlines()]
+    text = ""
+    for p in filter(None, parts):
+        text += p if not text else (" " if text.endswith(":") else "; ") + p
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetrain", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="hetrain", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for path in _AREAS:
         try:
@@ -47,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         print("hetrain: interrupted", file=sys.stderr)
         return 130
     except UserError as err:  # user mistakes: a message, no traceback
-        print(f"hetrain: error: {err}", file=sys.stderr)
+        print(f"hetrain: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.filename is None:  # not about a path the user gave
+            raise
+        # a path from the command line that cannot be read or written (no such folder, no permission)
+        print(f"hetrain: error: cannot use {err.filename}: {err.strerror or err}", file=sys.stderr)
         return 2
 
 

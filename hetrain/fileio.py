@@ -26,7 +26,10 @@ def read_structured(path: str | Path, what: str, error: type[UserError] = UserEr
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise error(f"{what} {p} is not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise error(f"{what} {p} is not valid YAML{where}: {problem}") from None
 
 
 def format_validation_error(err: ValidationError, header: str, docs: str) -> str:
