@@ -16,12 +16,15 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import porting_diffs  # noqa: E402
 
-# plain script, converted script, arguments for a short run, loop lines the conversion may change
+# example -> arguments for a short run
 CASES = {
     "digits_cnn": ("--epochs", "1"),
     "transformer_lm": ("--steps", "20"),
     "ddp_digits": ("--epochs", "1"),
 }
+# a loss that shows the short run trained: chance is ln 10 = 2.30 for the digits and
+# ln 45 = 3.81 for the 45 distinct characters of the Zen of Python
+TRAINED_BELOW = {"digits_cnn": 2.25, "transformer_lm": 3.0, "ddp_digits": 2.25}
 MAX_LOOP_LINES = 5
 LOSS_RTOL = 0.01  # the tolerance docs/porting.md states
 ACC_ATOL = 0.02
@@ -85,7 +88,7 @@ def test_converted_example_matches_single_process(name, tmp_path):
     assert "4 workers + 6 summation servers" in log, log
     got = _results(conv.stdout)
     assert len(got) == 4 and all(g == got[0] for g in got), log  # every worker holds the same model
-    assert want["loss"] < 2.25, want  # it trained (chance level is ln 10 = 2.30 for digits)
+    assert want["loss"] < TRAINED_BELOW[name], want
     assert got[0]["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL), (got[0], want)
     if "accuracy" in want:
         assert abs(got[0]["accuracy"] - want["accuracy"]) <= ACC_ATOL, (got[0], want)
