@@ -586,6 +586,9 @@ def shutdown() -> None:
     """Release the servers and the process group (called automatically at exit)."""
     global _ENGINE
     if _ENGINE is not None:
+        if _PENDING and not _ENGINE.ctx.failed:
+            _drain()  # push_pull_async handles never synchronized: finish them like every other worker
+        _HANDLES.clear()
         eng, _ENGINE = _ENGINE, None
         try:
             if not eng.ctx.failed:
