@@ -103,7 +103,7 @@ def _cmd_demo(args) -> int:
     devices, real compute), else the built-in cluster of emulated speeds."""
     from .launcher import launch
 
-    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs)]
+    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
     cluster = None
     if args.cluster is None:
         import torch
@@ -146,6 +146,8 @@ def register(sub) -> None:
                                    "machines.")
     _add_job_flags(d)
     d.add_argument("--epochs", type=int, default=10)
+    d.add_argument("--balance", choices=["measured", "equal"], default="measured",
+                   help="batch shares: follow each worker's measured samples/s (default) or equal, to compare")
     d.set_defaults(func=_cmd_demo)
 
     n = sub.add_parser("netns", help="emulated-network housekeeping")

@@ -20,20 +20,25 @@ overlap = "--overlap" in sys.argv
 ctx = hetrain.init()
 rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine
-# calibrated device model (stable timing on a shared 2-core host): 2 ms per sample at speed 1
-device = EmulatedDevice(machine.device, machine.name, cost_per_sample=0.002)
+# calibrated device model (stable timing on a shared 2-core host): 10 ms per sample at speed 1
+COST = 0.01
+device = EmulatedDevice(machine.device, machine.name, cost_per_sample=COST)
 model = make_model()
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
 loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7)
+compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
 for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.zero_grad()
     with device.compute(len(x)):
         F.cross_entropy(model(x), y).backward()
+    compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
     opt.step()
+loader.finish()
 out.mkdir(parents=True, exist_ok=True)
 torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
             "sizes": torch.from_numpy(np.stack(loader.balancer.history)),
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
-            "hidden_s": torch.tensor(hetrain.engine().stats.hidden_s)}, out / f"rank{rank}.pt")
+            "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
+            "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST}, out / f"rank{rank}.pt")
 hetrain.shutdown()
