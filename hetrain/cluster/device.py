@@ -48,9 +48,10 @@ class EmulatedDevice:
         return self.spec.speed_at(self.step)
 
     def check_memory(self, samples: int, bytes_per_sample: float, reserved: float = 0.0) -> None:
-        """Refuse a batch that would not fit in this device's memory cap (emulated OOM)."""
+        """Refuse a batch that would not fit in this device's memory cap (emulated OOM);
+        without a `memory` override the real device enforces its own memory."""
         need = reserved + samples * bytes_per_sample
-        if need > self.spec.memory:
+        if self.spec.memory is not None and need > self.spec.memory:
             raise DeviceMemoryError(
                 f"machine {self.machine or '?'}: a batch of {samples} samples needs {need / 2**20:.1f} MiB but the "
                 f"device has {self.spec.memory / 2**20:.1f} MiB; lower its share (the balancer caps shares by memory)")

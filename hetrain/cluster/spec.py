@@ -38,20 +38,25 @@ class SpeedChange(_Strict):
 
 
 class DeviceSpec(_Strict):
-    """A compute device: kind name, speed factor (1 = this host), memory cap (per GPU), and
+    """A worker's compute device: kind name, emulated speed factor (1 = its real speed),
     whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<local rank>`) or
-    emulated on the CPU (the default: CPU tensors, slowed down by the speed factor)."""
+    a CPU (the default; slowed down by the speed factor when below 1), and an optional
+    memory override (per GPU).
+
+    `memory` unset (the default): batch shares are capped by what the device itself
+    reports free (GPU: the driver; CPU: cgroup / RLIMIT_AS / available RAM, see
+    `hetrain.runtime.memory`). Set it to cap shares by a given size instead."""
 
     kind: str = "cpu"
     speed: float = Field(default=1.0, gt=0, le=1)
-    memory: float = Field(default=4 * 2**30, description="bytes, or a string like '4GiB'")
+    memory: float | None = Field(default=None, description="bytes, or a string like '4GiB'; unset: measured")
     speed_schedule: tuple[SpeedChange, ...] = ()
     cuda: bool = False
 
     @field_validator("memory", mode="before")
     @classmethod
-    def _mem(cls, v: object) -> float:
-        return parse_size(v)
+    def _mem(cls, v: object) -> float | None:
+        return None if v is None else parse_size(v)
 
     @field_validator("speed_schedule")
     @classmethod
@@ -190,8 +195,20 @@ def default_cluster() -> ClusterSpec:
     """4 worker machines of mixed speed and 2 CPU-only machines, all on this host."""
     speeds = [1.0, 1.0, 0.5, 0.25]
     machines = [
-        {"name": f"w{i}", "role": "worker", "device": {"kind": f"emu{s:g}", "speed": s, "memory": "2GiB"},
+        {"name": f"w{i}", "role": "worker", "device": {"kind": f"emu{s:g}", "speed": s},
          "bandwidth": "10gbit"}
         for i, s in enumerate(speeds)
     ] + [{"name": f"c{j}", "role": "cpu", "bandwidth": "10gbit"} for j in range(2)]
     return parse_cluster({"name": "default", "machines": machines}, "<default>")
+
+
+def gpu_demo_cluster(cpu_workers: int = 3, servers: int = 2) -> ClusterSpec:
+    """This host as a real heterogeneous cluster: its GPU as one worker, `cpu_workers`
+    CPU workers and `servers` CPU summation machines, all on 127.0.0.1. Devices are
+    real (no emulated speed); memory is measured. `hetrain demo` uses it where CUDA is
+    available."""
+    machines = [{"name": "gpu0", "role": "worker", "device": {"kind": "cuda", "cuda": True}, "bandwidth": "10gbit"}]
+    machines += [{"name": f"cpu{i}", "role": "worker", "device": {"kind": "cpu"}, "bandwidth": "10gbit"}
+                 for i in range(cpu_workers)]
+    machines += [{"name": f"c{j}", "role": "cpu", "bandwidth": "10gbit"} for j in range(servers)]
+    return parse_cluster({"name": "gpu-host", "machines": machines}, "<gpu demo>")

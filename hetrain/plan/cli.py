@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="plan.json", help="plan JSON path (plan.json)")
     p.add_argument("--png", default=None, help="stage diagram PNG path (default: next to --out)")
     p.add_argument("--save-profile", default=None, help="also write the layer profile JSON here")
+    p.add_argument("--calibrate", action="append", default=[], metavar="TYPE[=DEVICE]",
+                   help="use the profile's times measured on a real device (default: its GPU) for catalogue type "
+                        "TYPE instead of the catalogue's speed table (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -55,6 +58,15 @@ def run(args: argparse.Namespace) -> int:
     profile = load_or_profile(args.model, progress=progress)
     if args.save_profile:
         profile.save(args.save_profile)
+    for dev in profile.devices:
+        speed = ", ".join(f"{k} {v:.2f}x" for k, v in profile.calibrated_speed(dev).items())
+        print(f"measured on {dev}: speed against the profiling host {speed}")
+    for rule in args.calibrate:
+        type_name, _, dev = rule.partition("=")
+        if type_name not in catalogue.names:
+            raise UserError(f"--calibrate {rule}: catalogue {catalogue.name!r} has no type {type_name!r}; "
+                            f"choose one of {list(catalogue.names)}")
+        profile = profile.with_device_as(type_name, dev or None)
     problem = Problem(profile.workload(catalogue), args.throughput,
                       CostParams(batch_size=args.batch_size), args.samples)
     kwargs = {}

@@ -61,7 +61,7 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--standalone", action="store_true", help="one node, rendezvous on a free local port")
 
 
-def _launch_config(args, argv: list[str]):
+def _launch_config(args, argv: list[str], cluster=None):
     from .launcher import LaunchConfig
     from .auth import load_secret
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
@@ -72,7 +72,7 @@ def _launch_config(args, argv: list[str]):
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
-    res = resolve(flags, load_cluster(args.cluster) if args.cluster else None, args.mode)
+    res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
     cluster = res.cluster
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
@@ -99,10 +99,21 @@ def _cmd_launch(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    """Without --cluster: this host's GPU plus CPU workers where CUDA is available (real
+    devices, real compute), else the built-in cluster of emulated speeds."""
     from .launcher import launch
 
     argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
-    return launch(_launch_config(args, argv))
+    cluster = None
+    if args.cluster is None:
+        import torch
+
+        if torch.cuda.is_available():
+            from ..cluster.spec import gpu_demo_cluster
+
+            cluster = gpu_demo_cluster()
+            argv += ["--cost-per-sample", "0"]  # real devices: no calibrated emulation
+    return launch(_launch_config(args, argv, cluster))
 
 
 def _cmd_netns(args) -> int:
@@ -128,7 +139,11 @@ def register(sub) -> None:
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_cmd_launch)
 
-    d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
+    d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster",
+                       description="Train a digits classifier. Without --cluster: on this host's GPU plus 3 CPU "
+                                   "workers and 2 CPU summation servers where CUDA is available, else on the "
+                                   "built-in cluster of 4 emulated workers (speeds 1, 1, 0.5, 0.25) and 2 CPU "
+                                   "machines.")
     _add_job_flags(d)
     d.add_argument("--epochs", type=int, default=10)
     d.add_argument("--balance", choices=["measured", "equal"], default="measured",

@@ -132,3 +132,36 @@ def test_zoo_models_run_forward():
         out = m(*m.example_inputs(2))
         assert out.shape[0] == 2 and torch.isfinite(out).all()
     assert len(build_model("transformer200").layer_list()) == 200
+
+
+def test_real_device_times_calibrate_a_catalogue_type(tiny_catalogue_dict):
+    cat = parse_catalogue(tiny_catalogue_dict)
+    layers = [{"name": n, "kind": k, "time_s": t, "act_bytes": 10, "stored_act_bytes": 10,
+               "dense_param_bytes": 0, "sparse_param_bytes": 0}
+              for n, k, t in (("a", "dense", 1e-2), ("b", "dense", 3e-2), ("c", "memory", 2e-3))]
+    prof = parse_profile({"model": "m", "layers": layers, "devices": {"cuda: Test GPU": [1e-4, 1e-4, 1e-4]}})
+    assert prof.calibrated_speed() == pytest.approx({"dense": 4e-2 / 2e-4, "memory": 20.0})
+    w = prof.with_device_as("gpu-a").workload(cat)
+    assert w.compute[:, 0].tolist() == [1e-4, 1e-4, 1e-4]  # the GPU type uses the measured times
+    assert w.compute[0, 1] == pytest.approx(1e-2 / 2)       # the CPU type still uses its speed table
+    with pytest.raises(ProfileError, match="no times measured on 'cuda: other'"):
+        prof.with_device_as("gpu-a", "cuda: other")
+    with pytest.raises(ProfileError, match=r"devices\['x'\] has 1 times"):
+        parse_profile({"model": "m", "layers": layers, "devices": {"x": [1.0]}})
+
+
+def test_cpu_profile_has_no_gpu_times_without_cuda():
+    prof = profile_model(small_ctr(), "ctr-small", batch=8, repeats=1, cuda=False)
+    assert prof.devices == {}
+
+
+@pytest.mark.gpu
+def test_cuda_layer_times_beside_cpu_times():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from hetrain.plan.profile import cuda_device_key
+
+    prof = profile_model(small_ctr(), "ctr-small", batch=64, repeats=2)
+    times = prof.devices[cuda_device_key()]
+    assert len(times) == prof.n_layers and all(t > 0 for t in times)
+    assert set(prof.calibrated_speed()) == {"dense", "sparse", "memory"}
