@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="schedule_command", metavar="ACTION")
     s = sub.add_parser("simulate", help="simulate a trace or a synthetic pattern under one or more policies")
     src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="Gavel/Philly trace file (tab-separated, one job a line)")
+    src.add_argument("--trace", help="Gavel/Philly trace file (tab-separated, one job a line), or the name of a shipped trace (e.g. 6214e9)")
     src.add_argument("--pattern", help="synthetic arrivals: all-at-once, poisson, bursts[-short|-long|-mixed]")
     s.add_argument("--cluster", default="v100:8,p100:8,k80:8",
                    help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file with `gpus:`")
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--load", type=float, default=1.0, help="offered load of poisson/bursts patterns (x cluster)")
     s.add_argument("--restart-cost", type=float, default=10.0, help="seconds a stop + restart costs a job")
-    s.add_argument("--throughputs", help="simulation_throughputs.json (default: ../shared/data/gavel)")
+    s.add_argument("--throughputs", help="simulation_throughputs.json (default: the copy shipped in hetrain/data/gavel)")
     s.add_argument("--out", help="folder for jct_cdf.png, timeline_<policy>.png and summary.json")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_simulate)
