@@ -71,12 +71,27 @@ def test_ranks_land_on_different_nodes_with_cpu_servers(ray_cluster, tmp_path):
     assert "all 5 processes finished" in out, out
 
 
-@pytest.mark.slow
-def test_unknown_gpu_type_is_a_clear_error(ray_cluster, tmp_path):
-    p = _launch(ray_cluster, tmp_path, [_gpu("g0", "a100")], [str(SCRIPTS / "ray_probe.py")])
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 2, out
-    assert "accelerator_type:A100" in out and "Traceback" not in out, out
+def test_bundles_per_machine_and_unknown_gpu_type():
+    from hetrain.cluster.spec import parse_cluster
+    from hetrain.errors import UserError
+    from hetrain.runtime.ray_backend import RayOptions, machine_bundles
+
+    cluster = parse_cluster({"machines": [_gpu("g0"), _gpu("g1", "gpu"), {"name": "c0", "role": "cpu"},
+                                          {"name": "w2", "role": "worker", "device": {"kind": "cpu"}}]})
+    have = {"CPU": 8, GPU: 4, "accelerator_type:V100": 1}
+    opts = RayOptions(gpu_resource=GPU, cpus_per_process=0.5)
+    bundles, index = machine_bundles(cluster, "byteps", opts, have)
+    # workers + co-located servers share their machine's bundle; the CPU machine gets a CPU bundle
+    assert bundles[index["g0"]] == {"CPU": 1.0, GPU: 1.0, "accelerator_type:V100": 0.001}
+    assert bundles[index["g1"]] == {"CPU": 1.0, GPU: 1.0}          # kind gpu: any GPU type
+    assert bundles[index["c0"]] == {"CPU": 0.5}
+    assert bundles[index["w2"]] == {"CPU": 1.0}                    # a CPU worker takes no GPU
+    allreduce, index = machine_bundles(cluster, "allreduce", opts, have)
+    assert "c0" not in index and len(allreduce) == 3               # no server: no bundle
+    with pytest.raises(UserError, match="accelerator_type:A100"):
+        machine_bundles(parse_cluster({"machines": [_gpu("g0", "a100")]}), "allreduce", opts, have)
+    with pytest.raises(UserError, match="Ray Client"):
+        RayOptions(address="ray://head:10001")
 
 
 @pytest.mark.slow
@@ -103,3 +118,40 @@ def test_node_removed_mid_job_is_reported_as_a_lost_peer(ray_cluster, tmp_path):
     assert re.search(r"\[0:g0/w0\] .*PeerLostError: rank 0 \(worker on machine g0\): lost "
                      r"(rank 1 \(worker on machine g1\)|an unknown peer)", out), out
     assert "probe rank 0 finished" not in out
+
+
+@pytest.mark.slow
+def test_scheduler_resizes_a_job_across_nodes_and_it_equals_an_uninterrupted_run(ray_cluster, tmp_path):
+    import signal
+
+    import torch
+
+    from hetrain.sched.executor import Backend, RealJobSpec, compare
+    from hetrain.sched.worker import main as worker_main
+
+    backend = Backend("ray", address=ray_cluster.address, gpu_resource=GPU, cpus_per_process=0.5)
+    # the two V100s are on two nodes: `a` starts on both, shrinks to one when `b` arrives, grows back
+    specs = [RealJobSpec("a", 0.0, 14, 0.3, seed=1), RealJobSpec("b", 1.0, 4, 0.2, seed=2)]
+    log = []
+    out = compare("v100:2", "doubling", tmp_path, specs=specs, backend=backend, log=log.append)
+    real = out["real"]
+    assert real["backend"] == "ray" and set(real["jct_s"]) == {"a", "b"}, log
+    assert real["restarts"] >= 1 and len(real["restart_costs_s"]) == real["restarts"], log
+    assert any("job a: 2 v100 -> 1 v100" in line for line in log), log
+    assert {(r["job"], r["gpus"]) for r in real["step_times"]} >= {("a", 1)}, real["step_times"]
+    assert out["sim_s"] > 0 and out["restart_s"] > 0
+    # the job stopped, resized and restarted on Ray ends where an uninterrupted run ends
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        for s in specs:
+            ref = tmp_path / f"ref-{s.name}"
+            ref.mkdir()
+            assert worker_main(["--job-dir", str(ref), "--steps", str(s.steps), "--seed", str(s.seed)]) == 0
+            a = torch.load(ref / "checkpoint.pt", weights_only=True)
+            b = torch.load(tmp_path / s.name / "checkpoint.pt", weights_only=True)
+            assert b["done"] and b["step"] == a["step"] == s.steps
+            for k in a["model"]:
+                torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-5, atol=1e-6)
+    finally:
+        for sig, h in saved.items():
+            signal.signal(sig, h)

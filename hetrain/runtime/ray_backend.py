@@ -135,6 +135,7 @@ class _RankProcess:
         self.lines: deque = deque()
         self.cond = threading.Condition()
         self.code: int | None = None
+        self.pending: list[int] = []  # signals that came before the process existed
 
     def where(self) -> tuple[str, str]:
         import ray
@@ -151,11 +152,15 @@ class _RankProcess:
         def supervise() -> None:
             # the child dies with this thread's process (PR_SET_PDEATHSIG), which lives as long as the child
             try:
-                self.proc = start_process([sys.executable, *args], full_env(env), cwd=cwd, die_with_parent=True)
+                proc = start_process([sys.executable, *args], full_env(env), cwd=cwd, die_with_parent=True)
             except BaseException as err:  # noqa: BLE001 - reported to the caller
                 failed.append(err)
                 started.set()
                 return
+            with self.cond:
+                self.proc, pending = proc, list(self.pending)
+            for signum in pending:  # e.g. a stop request that raced the start (SIGUSR1 stays pending in the child)
+                self.signal(signum)
             started.set()
             for raw in self.proc.stdout:
                 with self.cond:
@@ -181,7 +186,11 @@ class _RankProcess:
             return out, self.code
 
     def signal(self, signum: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        with self.cond:
+            if self.proc is None:
+                self.pending.append(signum)
+                return
+        if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signum)
             except ProcessLookupError:

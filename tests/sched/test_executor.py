@@ -74,8 +74,12 @@ def test_executor_runs_workload_and_measures_restarts(tmp_path):
     real = out["real"]
     assert set(real["jct_s"]) == {"a", "b"} and all(v > 0 for v in real["jct_s"].values())
     assert real["restarts"] >= 1 and len(real["restart_costs_s"]) == real["restarts"]
+    # the policy planned on curves fitted to what the workers reported
+    assert {r["job"] for r in real["step_times"]} == {"a", "b"}
+    assert all(r["measured_s"] > 0 and r["fitted_s"] > 0 and r["steps"] > 0 for r in real["step_times"])
+    assert all("compute:cpu" in real["fits"][n]["measured"] for n in ("a", "b"))
     assert all(c > 0 for c in real["restart_costs_s"])
-    assert out["sim_s"] > 0 and out["measured_restart_s"] == pytest.approx(
+    assert out["sim_s"] > 0 and out["restart_s"] == pytest.approx(
         sum(real["restart_costs_s"]) / len(real["restart_costs_s"]))
     for name in ("a", "b"):
         ck = torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)

@@ -14,10 +14,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...errors import UserError
+from ...perf.jobs import completion_time
 from ..cluster import GpuCluster
 from ..job import Alloc, Allocation, Job
 
 Policy = Callable[[Sequence[Job], GpuCluster, Allocation, float], Allocation]
+DEFAULT_POLICY = "doubling"  # what `hetrain schedule` uses unless told otherwise
 _REGISTRY: dict[str, Policy] = {}
 
 
@@ -134,10 +136,8 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     if ntypes == 1:
         return {order[i].job_id: Alloc(0, int(mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
     adm = np.array(admitted, dtype=np.int64)
-    with np.errstate(divide="ignore"):
-        cost = np.where(rates[adm] > 0, rem[adm, None, None] / np.where(rates[adm] > 0, rates[adm], 1.0), np.inf)
     same = (ks[None, None, :] == cur_n[adm, None, None]) & (np.arange(ntypes)[None, :, None] == cur_t[adm, None, None])
-    cost = cost + np.where(same, 0.0, penalty[adm, None, None])
+    cost = completion_time(rem[adm, None, None], rates[adm], np.where(same, 0.0, penalty[adm, None, None]))
     f = feas[adm]
     # judge each type at the size a job could expect there: its fair share of the cluster
     fair = max(1, cluster.total // max(1, len(adm)))
