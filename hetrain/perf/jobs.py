@@ -183,7 +183,8 @@ def rate_table(curve: ScalingCurve, gpu_types: Sequence[str], max_g: int) -> np.
 def completion_time(remaining, rate, restart_s=0.0):
     """Seconds to finish `remaining` work at `rate` after a restart pause; inf where the
     rate is 0. Scalars give a float; numpy arrays (broadcast) give an array."""
-    if np.ndim(remaining) == 0 and np.ndim(rate) == 0 and np.ndim(restart_s) == 0:
+    if not isinstance(remaining, np.ndarray) and not isinstance(rate, np.ndarray) \
+            and not isinstance(restart_s, np.ndarray):  # the scalar path is hot in policies: keep it cheap
         return float(restart_s + remaining / rate) if rate > 0 else float("inf")
     rate = np.asarray(rate, dtype=float)
     pos = rate > 0

@@ -51,11 +51,18 @@ def _move(job, a, free_t, current, top_up):
     return best
 
 
-def plan(jobs, cluster, allocation, now, top_up=True):
-    tent, free = admit_at_minimum(jobs, cluster, allocation)
-    by_id = {j.job_id: j for j in jobs}
+def plan(jobs, cluster, allocation, now, top_up=True, order="arrival"):
+    tent, free = admit_at_minimum(jobs, cluster, allocation, order=order)
+    return grow({j.job_id: j for j in jobs}, tent, free, allocation, top_up)
+
+
+def grow(by_id, tent, free, allocation, top_up=True, types=None):
+    """Doubling growth of a tentative allocation (`tent` and `free` are updated in place);
+    with `types`, only jobs on those GPU types are considered (the pools that gained GPUs)."""
     heap = []
     for jid, a in tent.items():
+        if types is not None and a.type not in types:
+            continue
         mv = _move(by_id[jid], a, free[a.type], allocation.get(jid), top_up)
         if mv:
             heap.append((-mv[0], jid, mv[1]))
@@ -87,3 +94,4 @@ def doubling(jobs, cluster, allocation, now):
 def doubling_strict(jobs, cluster, allocation, now):
     """The seed's rule exactly: sizes only double (GPUs a doubling cannot use stay idle)."""
     return plan(jobs, cluster, allocation, now, top_up=False)
+
