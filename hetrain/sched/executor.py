@@ -272,9 +272,17 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
     active: list[_Run] = []
     arrived: set[int] = set()
     replan = True
+    round_s = getattr(pol, "round_s", None)  # round-based policies (Gavel) re-plan every round too
+    last_plan = last_poll = 0.0
     try:
         while True:
             now = time.time() - t0
+            for r in active:  # GPU-seconds held per type, as the simulator keeps them
+                if r.alloc is not None:
+                    r.job.service_s[r.alloc.type] += now - last_poll
+            last_poll = now
+            if round_s and active and now - last_plan >= round_s:
+                replan = True
             if now > timeout_s:
                 raise RuntimeError(f"workload did not finish in {timeout_s} s")
             for r in runs:
@@ -335,7 +343,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
                         f"{cluster.types[r.target.type]}")
             if replan and not stopping and not starting:
                 replan = False
-                now = time.time() - t0
+                now = last_plan = time.time() - t0
                 t_dec = time.perf_counter()
                 for r in active:
                     r.job.remaining = float(r.spec.steps - read_progress(r.dir).step)

@@ -40,10 +40,15 @@ class Job:
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
     start_cost: float = 0.0       # seconds before the first step of a cold start
+    # seconds the job has held GPUs of each type (kept by the simulator and the executor;
+    # Gavel's round-based mechanism compares it with the time shares its LP asks for)
+    service_s: np.ndarray = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
             self.remaining = self.work
+        if self.service_s is None:
+            self.service_s = np.zeros(self.rates.shape[0])
         self.max_gpus = min(self.max_gpus, self.rates.shape[1] - 1)
 
     def rate(self, a: Alloc | None) -> float:

@@ -158,3 +158,26 @@ def test_adaptive_admits_shortest_first_when_the_cluster_is_full():
     jobs[2].arrival = 5.0  # the short job arrives last
     assert set(doubling(jobs, c, {}, 5.0)) == {0, 1}                # arrival order
     assert set(get_policy("adaptive")(jobs, c, {}, 5.0)) == {1, 2}  # SRPT order
+
+
+def test_gavel_shares_time_and_takes_turns_in_rounds():
+    from hetrain.sched.policies.gavel import time_shares
+
+    c = GpuCluster(("v100", "k80"), (2, 2))
+    a = _table_job(0, 1e4, c, {"v100": {1: 10.0}, "k80": {1: 1.0}}, max_gpus=1)
+    b = _table_job(1, 1e4, c, {"v100": {1: 5.0}, "k80": {1: 4.0}}, max_gpus=1)
+    more = [_table_job(i, 1e4, c, {"v100": {1: 5.0}, "k80": {1: 4.0}}, max_gpus=1) for i in (2, 3, 4)]
+    # a gains 10x from a v100, the others 1.25x
+    x, sf = time_shares([a, b, *more], c)
+    assert np.all(x.sum(axis=1) <= 1 + 1e-9) and np.all((x * sf[:, None]).sum(axis=0) <= np.array(c.counts) + 1e-9)
+    assert np.all(x.sum(axis=1) > 0.1)              # max-min: every job gets a share of time
+    assert x[0, 0] > x[0, 1] == 0                    # a is 10x faster on a v100: it runs only there
+    # five jobs on four GPUs: rounds take turns, every job gets GPUs within a few rounds
+    held = set()
+    for r in range(6):
+        out = get_policy("gavel")([a, b, *more], c, {}, 360.0 * (r + 1))
+        check_allocation([a, b, *more], c, out)
+        for jid, al in out.items():
+            [a, b, *more][jid].service_s[al.type] += 360.0
+        held |= set(out)
+    assert held == {0, 1, 2, 3, 4}
