@@ -19,8 +19,10 @@ fill what was not measured yet) and the policy plans on the fitted rates. Every
 stop/restart (signal to the first step at the new size, minus one step) and every
 cold start is timed, and their running means become the jobs' `restart_cost` and
 `start_cost`, which the policy charges. `compare` then simulates the same workload
-with the final fitted curves and the measured costs and reports simulated versus real
-average JCT.
+with the final fitted curves and the measured costs (a job's cold start plus its
+teardown, from the last step to the launcher's exit, as the simulator's start cost) and
+reports simulated versus real average JCT; a real JCT ends when the launcher exits,
+i.e. when the job's GPUs are free again.
 """
 from __future__ import annotations
 
@@ -103,9 +105,12 @@ LOCAL = Backend()
 def ray_gpu_pools(backend: Backend) -> GpuCluster:
     """The GPU pools of a Ray cluster: GPUs per type, from each node's `gpu_resource` count
     and its `accelerator_type:<TYPE>` marker."""
-    from ..runtime.ray_backend import connect
-
-    ray = connect(backend.address)
+    try:
+        import ray
+    except ImportError:
+        raise UserError("the ray backend needs Ray: pip install 'hetrain[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=backend.address, namespace="hetrain", log_to_driver=False, logging_level="WARNING")
     pools: dict[str, int] = {}
     for node in ray.nodes():
         if not node.get("Alive"):
@@ -136,10 +141,14 @@ def launch_job(job_dir: Path, world: int, worker_args: list[str], quiet: bool = 
            "--mode", "allreduce", "--run-dir", str(job_dir / "run")] + (["--quiet"] if quiet else []) + \
           ["-m", "hetrain.sched.worker", "--job-dir", str(job_dir), *worker_args]
     out = (job_dir / "launcher.log").open("ab") if quiet else subprocess.PIPE
+    # the launcher starts with SIGUSR1 blocked and unblocks it once its handler is in place
+    # (hetrain.runtime.catch_stop_requests): a stop request sent while Python starts waits
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     try:
         return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
                                 stderr=subprocess.STDOUT)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if quiet:
             out.close()
 
@@ -149,6 +158,7 @@ def launch_job(job_dir: Path, world: int, worker_args: list[str], quiet: bool = 
 @dataclass(frozen=True)
 class Progress:
     step: int = 0
+    time: float = 0.0       # wall clock of the step's end
     world: int = 0
     timed: int = 0          # steps of the current run after its first
     compute_s: float = 0.0  # their summed compute seconds (rank 0)
@@ -158,7 +168,7 @@ class Progress:
 def read_progress(d: Path) -> Progress:
     try:
         f = (d / "progress").read_text().split()
-        return Progress(int(f[0]), int(f[2]), int(f[3]), float(f[4]), float(f[5]))
+        return Progress(int(f[0]), float(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5]))
     except (OSError, ValueError, IndexError):
         return Progress()
 
@@ -242,6 +252,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
         runs.append(_Run(s, job, d, prior))
     restart_costs: list[float] = []
     start_costs: list[float] = []
+    finish_costs: list[float] = []  # last step to the launcher's exit (the GPUs are held meanwhile)
     decision_ms: list[float] = []
     t0 = time.time()
     alloc: dict[int, Alloc] = {}
@@ -314,6 +325,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
                         r.live = None
                     if code == 0:
                         r.finish = time.time() - t0
+                        finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))
                         active.remove(r)
                         alloc.pop(r.job.job_id, None)
                         log(f"[{r.finish:6.1f}s] job {r.spec.name} finished (JCT {r.finish - r.spec.arrival:.1f}s)")
@@ -331,17 +343,16 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
                     r.job.start_cost = float(np.mean(start_costs or restart_costs))
             if not active and len(arrived) == len(runs):
                 break
-            stopping = any(r.stopping_since is not None for r in active)
-            # a job launched a moment ago may not have installed its stop handler yet
-            starting = any(r.launched_at is not None and now - r.launched_at < 0.5 for r in active)
             # GPUs count as free from the stop request on (a stopping job runs at most one more
-            # step), as in the simulator; a stopped job relaunches as soon as its ranks exit
+            # step), as in the simulator; a stopped job relaunches as soon as its ranks exit,
+            # with the allocation of the latest decision
             for r in active:
                 if r.proc is None and r.target is not None and r.alloc != r.target:
                     launch(r, r.target, time.time() - t0)
                     log(f"[{time.time() - t0:6.1f}s] job {r.spec.name}: start on {r.target.n} "
                         f"{cluster.types[r.target.type]}")
-            if replan and not stopping and not starting:
+            if replan:  # on arrivals and completions, as the simulator (a stop request waits
+                # in a launcher that is still starting: it starts with SIGUSR1 blocked)
                 replan = False
                 now = last_plan = time.time() - t0
                 t_dec = time.perf_counter()
@@ -358,11 +369,12 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
                     if old_a == new_a:
                         continue
                     r.target = new_a
-                    if r.proc is not None:  # running: stop at the next step boundary, restart when it exits
+                    if r.proc is not None and r.stopping_since is None:
+                        # running: stop at the next step boundary, restart when it exits
                         r.stopping_since = now
                         r.proc.send_signal(signal.SIGUSR1)
-                        log(f"[{now:6.1f}s] job {r.spec.name}: {_describe(old_a, cluster)} -> "
-                            f"{_describe(new_a, cluster)} (stop/restart)")
+                    log(f"[{now:6.1f}s] job {r.spec.name}: {_describe(old_a, cluster)} -> "
+                        f"{_describe(new_a, cluster)}" + (" (stop/restart)" if r.proc is not None else ""))
                 alloc = dict(new)
             time.sleep(poll_s)
     finally:
@@ -380,7 +392,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, wor
     return {"policy": policy, "cluster": cluster.spec, "backend": backend.kind, "jct_s": jct,
             "avg_jct_s": float(np.mean(list(jct.values()))),
             "restarts": sum(r.restarts for r in runs), "restart_costs_s": restart_costs,
-            "start_costs_s": start_costs, "decision_ms": decision_ms,
+            "start_costs_s": start_costs, "finish_costs_s": finish_costs, "decision_ms": decision_ms,
             "fits": {r.spec.name: _fit_dict(r.fit, r.spec) for r in runs},
             "step_times": measured_step_times(runs, cluster.types),
             "_curves": {r.spec.name: r.fit.curve(r.spec.max_gpus) for r in runs}}
@@ -433,10 +445,13 @@ def compare(cluster_spec: str | None = "cpu:2", policy: str = DEFAULT_POLICY, wo
     real = run_workload(specs, cluster, policy, workdir, backend=backend, speeds=speeds, log=log)
     restart = float(np.mean(real["restart_costs_s"])) if real["restart_costs_s"] else 0.0
     start = float(np.mean(real["start_costs_s"])) if real["start_costs_s"] else 0.0
-    sim = simulate_workload(specs, cluster, policy, restart or start, start, real.pop("_curves"))
+    finish = float(np.mean(real["finish_costs_s"])) if real["finish_costs_s"] else 0.0
+    # a job's one-off overheads, its cold start and its teardown (GPUs held from the last step
+    # to the launcher's exit), are charged together as the simulator's start cost
+    sim = simulate_workload(specs, cluster, policy, restart or start, start + finish, real.pop("_curves"))
     return {"backend": backend.kind, "sim_s": sim["avg_jct_s"], "real_s": real["avg_jct_s"],
             "ratio": sim["avg_jct_s"] / real["avg_jct_s"], "policy": policy, "cluster": cluster.spec,
-            "restart_s": restart, "start_s": start,
+            "restart_s": restart, "start_s": start, "finish_s": finish,
             "decision_ms": float(np.mean(real["decision_ms"])) if real["decision_ms"] else 0.0,
             "real": real, "sim": sim}
 
@@ -457,7 +472,7 @@ def run_cli(args) -> int:
     print(f"{backend.kind}: real average JCT {out['real_s']:.2f} s, simulated {out['sim_s']:.2f} s "
           f"(ratio {out['ratio']:.3f}); restarts {out['real']['restarts']}, "
           f"measured restart {out['restart_s']:.2f} s, cold start {out['start_s']:.2f} s, "
-          f"{out['decision_ms']:.1f} ms per decision")
+          f"teardown {out['finish_s']:.2f} s, {out['decision_ms']:.1f} ms per decision")
     print(f"{'job':<5}{'GPUs':>10}{'steps':>7}{'measured s':>12}{'fitted s':>10}{'error':>8}")
     for row in out["real"]["step_times"]:
         err = row["fitted_s"] / row["measured_s"] - 1
