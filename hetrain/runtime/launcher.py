@@ -175,6 +175,9 @@ class Launcher:
         self._log(f"hetrain: job {self.job_id}, mode {cfg.comm.mode}, {len(topo.workers)} workers + "
                   f"{len(topo.servers)} summation servers; this node starts {len(local)} processes; "
                   f"logs in {self.run_dir}")
+        if STOP_REQUESTED.is_set():  # asked to stop before any process started: nothing ran, nothing to save
+            self._log("hetrain: stop requested before the job started; relaunch to run it")
+            return EXIT_STOPPED
         for p in local:
             env = process_env(cfg, p, topo.world_size, cluster, master_addr, port, self.job_id, secret,
                               str(self.run_dir), self.ratelimit_dir)
@@ -182,7 +185,7 @@ class Launcher:
             child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
             child.reader.start()
             self.children.append(child)
-        if STOP_REQUESTED.is_set():  # asked before the processes existed
+        if STOP_REQUESTED.is_set():  # asked while the processes were being started
             self._forward()
         return self._monitor(topo)
 

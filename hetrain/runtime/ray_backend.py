@@ -37,7 +37,8 @@ from typing import Literal
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
-from .launcher import Child, LaunchConfig, Launcher, full_env, start_process
+from . import STOP_REQUESTED
+from .launcher import EXIT_STOPPED, Child, LaunchConfig, Launcher, full_env, start_process
 from .topology import Proc, build_topology
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -306,6 +307,9 @@ class RayLauncher(Launcher):
 
         try:
             placed = self._reserve(ray, placement_group, placement_group_table)
+            if placed is None:
+                self._log("hetrain: stop requested before the job was placed; relaunch to run it")
+                return EXIT_STOPPED
             self.cfg = replace(cfg, cluster=placed, master_addr=ray.util.get_node_ip_address(), node_rank=None)
             return super().run()
         finally:
@@ -320,12 +324,17 @@ class RayLauncher(Launcher):
                 except Exception:  # noqa: BLE001
                     pass
 
-    def _reserve(self, ray, placement_group, placement_group_table) -> ClusterSpec:
+    def _reserve(self, ray, placement_group, placement_group_table) -> ClusterSpec | None:
         cfg = self.cfg
         resources = ray.cluster_resources()
         bundles, self.bundle_of = machine_bundles(cfg.cluster, cfg.comm.mode, self.opts, resources)
         self.pg = placement_group(bundles, strategy=self.opts.strategy, name=f"hetrain-{self.job_id}")
-        ready, _ = ray.wait([self.pg.ready()], timeout=self.opts.reserve_timeout_s)
+        ready_ref, deadline = self.pg.ready(), time.monotonic() + self.opts.reserve_timeout_s
+        ready = []
+        while not ready and time.monotonic() < deadline and not STOP_REQUESTED.is_set():
+            ready, _ = ray.wait([ready_ref], timeout=0.5)
+        if STOP_REQUESTED.is_set():
+            return None  # stopped while waiting for the cluster: nothing ran
         if not ready:
             raise UserError(f"the Ray cluster did not grant this job's resources within {self.opts.reserve_timeout_s:.0f}s: "
                             f"asked for {bundles} ({self.opts.strategy}); available now: "

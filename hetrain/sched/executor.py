@@ -224,14 +224,15 @@ def measured_step_times(runs: Sequence[_Run], types: Sequence[str]) -> list[dict
 
 # ---- the executor ----------------------------------------------------------------------
 
-def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, workdir: str | Path,
+def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir: str | Path,
                  backend: Backend = LOCAL, speeds: dict[str, float] | None = None, restart_cost: float = 3.0,
                  poll_s: float = 0.05, timeout_s: float = 300.0, log=print) -> dict:
     """Run the jobs for real; returns JCTs, restarts, measured costs, fits and decision overheads.
 
     `speeds` emulates GPU types: a job computes compute_s / speeds[type] per global batch.
     """
-    pol = get_policy(policy)
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    policy = getattr(pol, "policy_name", getattr(pol, "__name__", str(policy)))
     speeds = {t: 1.0 for t in cluster.types} | dict(speeds or {})
     if any(not speeds[t] > 0 for t in cluster.types):
         raise UserError(f"emulated GPU speeds must be > 0, got {speeds}")
@@ -414,7 +415,7 @@ def _even_sizes_only(job: Job, batch: int) -> None:
             job.rates[:, g] = 0.0
 
 
-def simulate_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str, restart_cost: float,
+def simulate_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, restart_cost: float,
                       start_cost: float, curves: dict[str, RingCurve]) -> dict:
     """The same workload through the simulator, with the fitted curves and measured costs."""
     from .simulator import simulate
@@ -431,7 +432,7 @@ def simulate_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy: str
             "jct_s": {s.name: float(x) for s, x in zip(specs, res.jct)}}
 
 
-def compare(cluster_spec: str | None = "cpu:2", policy: str = DEFAULT_POLICY, workdir: str | Path = "sched-run",
+def compare(cluster_spec: str | None = "cpu:2", policy=DEFAULT_POLICY, workdir: str | Path = "sched-run",
             specs: list[RealJobSpec] | None = None, backend: Backend = LOCAL,
             speeds: dict[str, float] | None = None, log=print) -> dict:
     """Run a workload for real on `backend`, then simulate it with what the run measured."""
@@ -450,7 +451,7 @@ def compare(cluster_spec: str | None = "cpu:2", policy: str = DEFAULT_POLICY, wo
     # to the launcher's exit), are charged together as the simulator's start cost
     sim = simulate_workload(specs, cluster, policy, restart or start, start + finish, real.pop("_curves"))
     return {"backend": backend.kind, "sim_s": sim["avg_jct_s"], "real_s": real["avg_jct_s"],
-            "ratio": sim["avg_jct_s"] / real["avg_jct_s"], "policy": policy, "cluster": cluster.spec,
+            "ratio": sim["avg_jct_s"] / real["avg_jct_s"], "policy": real["policy"], "cluster": cluster.spec,
             "restart_s": restart, "start_s": start, "finish_s": finish,
             "decision_ms": float(np.mean(real["decision_ms"])) if real["decision_ms"] else 0.0,
             "real": real, "sim": sim}
