@@ -140,12 +140,22 @@ def _ray_cluster():
     return c
 
 
-def executor_runs() -> tuple[dict | None, dict | None]:
+def executor_runs() -> tuple[dict | None, dict | None, list | None]:
     try:
         from hetrain.sched.executor import Backend, bench_sim_vs_real
     except ImportError:
         print("sim vs real: executor not available in this checkout")
-        return None, None
+        return None, None, None
+    from hetrain.sched.executor import fit_sweep
+
+    print("\nfitted ring curve vs measured step time, one job run at each size (local, 0.4 s compute/batch)")
+    sweep = fit_sweep()
+    print(f"  {'GPUs':>5}{'steps':>7}{'measured s':>12}{'compute s':>11}{'comm s':>9}{'fitted s':>10}{'error':>8}"
+          f"{'fit w/o this size':>19}{'error':>8}")
+    for r in sweep:
+        print(f"  {r['gpus']:>5}{r['steps']:>7}{r['measured_s']:>12.4f}{r['compute_s']:>11.4f}{r['comm_s']:>9.4f}"
+              f"{r['fitted_s']:>10.4f}{r['fitted_s'] / r['measured_s'] - 1:>+8.1%}{r['left_out_s']:>19.4f}"
+              f"{r['left_out_s'] / r['measured_s'] - 1:>+8.1%}")
     print("\nexecutor workload (3 real jobs), policy", DEFAULT_POLICY)
     local = bench_sim_vs_real(cluster_spec="cpu:2")
     _print_real("local", local)
@@ -153,7 +163,7 @@ def executor_runs() -> tuple[dict | None, dict | None]:
         import ray  # noqa: F401
     except ImportError:
         print("ray: not installed (pip install 'hetrain[ray]'); skipped")
-        return local, None
+        return local, None, sweep
     c = _ray_cluster()
     try:
         backend = Backend("ray", address=c.address, gpu_resource="emu_gpu", cpus_per_process=0.5)
@@ -164,7 +174,7 @@ def executor_runs() -> tuple[dict | None, dict | None]:
         ray.shutdown()
         c.shutdown()
     _print_real("ray", on_ray)
-    return local, on_ray
+    return local, on_ray, sweep
 
 
 def _print_real(name: str, out: dict) -> None:
@@ -197,7 +207,7 @@ def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: boo
     ratios = ratio_table(cases)
     print()
     sc = scale(quick)
-    local, on_ray = (None, None) if skip_real else executor_runs()
+    local, on_ray, sweep = (None, None, None) if skip_real else executor_runs()
     pats = [r for r in ratios if r["workload"] in PATTERNS or r["workload"].startswith("small:")]
     three_traces = [r for r in ratios if r["workload"].startswith("trace:") and r["cluster"] == "three-type"]
     d = DEFAULT_POLICY
@@ -212,12 +222,14 @@ def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: boo
         "scale_under_60s": all(v["wall_s"] < 60 for v in sc.values()),
         "local_sim_over_real": local["ratio"] if local else None,
         "ray_sim_over_real": on_ray["ratio"] if on_ray else None,
-        "worst_fit_error": max([s["worst_fit_error"] for s in map(_summary, (local, on_ray)) if s and
-                                s["worst_fit_error"] is not None] or [None]) if (local or on_ray) else None,
+        "worst_fit_error_scheduled_runs": max([s["worst_fit_error"] for s in map(_summary, (local, on_ray)) if s and
+                                               s["worst_fit_error"] is not None] or [None]) if (local or on_ray) else None,
+        "worst_fit_error_sweep": max(abs(r["fitted_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
+        "worst_left_out_error_sweep": max(abs(r["left_out_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
     }
     print("\nchecks:", json.dumps(checks, indent=1))
     out = {"default_policy": d, "cases": cases, "ratios": ratios, "scale": sc,
-           "sim_vs_real": _summary(local), "ray": _summary(on_ray), "checks": checks}
+           "sim_vs_real": _summary(local), "ray": _summary(on_ray), "fit_sweep": sweep, "checks": checks}
     if out_json:
         Path(out_json).write_text(json.dumps(out, indent=1))
         print(f"wrote {out_json}")

@@ -63,9 +63,11 @@ class RealJobSpec:
 
 
 def tiny_workload() -> list[RealJobSpec]:
-    """Three short jobs (a few seconds each); at most 4 processes at once."""
-    return [RealJobSpec("a", 0.0, 40, 0.40, seed=1), RealJobSpec("b", 2.0, 24, 0.30, seed=2),
-            RealJobSpec("c", 4.0, 30, 0.40, seed=3)]
+    """Three small jobs (a minute of emulated compute in all; at most 2 ranks each): `a`
+    runs alone on the whole pool, then `b` and `c` arrive while it runs (a cold start
+    takes 10-30 s on a loaded 2-core host), so the policy resizes or preempts it for real."""
+    return [RealJobSpec("a", 0.0, 160, 0.40, seed=1), RealJobSpec("b", 40.0, 24, 0.30, seed=2),
+            RealJobSpec("c", 50.0, 30, 0.40, seed=3)]
 
 
 def model_bytes(dim: int = 16) -> float:
@@ -463,6 +465,37 @@ def bench_sim_vs_real(backend: Backend = LOCAL, cluster_spec: str | None = "cpu:
 
     with tempfile.TemporaryDirectory() as tmp:
         return compare(cluster_spec, policy, workdir or tmp, backend=backend, speeds=speeds, log=lambda *a: None)
+
+
+def fit_sweep(sizes: Sequence[int] = (1, 2, 4), steps: int = 16, compute_s: float = 0.4,
+              workdir: str | Path | None = None, backend: Backend = LOCAL, gpu_type: str = "gpu") -> list[dict]:
+    """How well the fitted ring curve predicts a job's step time at each size: the same job
+    runs `steps` steps at every size; the curve is fitted to all sizes (in-sample) and, for
+    each size, to the other sizes only (a prediction for a size never measured)."""
+    import tempfile
+
+    prior = RingCurve({gpu_type: compute_s}, model_bytes=model_bytes(), bandwidth=PRIOR_BANDWIDTH, max_g=max(sizes))
+    samples: dict[int, StepSample] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(workdir or tmp)
+        for g in sizes:
+            d = root / f"fit-{g}"
+            d.mkdir(parents=True, exist_ok=True)
+            for f in ("checkpoint.pt", "progress", "launcher.log"):
+                (d / f).unlink(missing_ok=True)
+            proc = launch_job(d, g, ["--steps", str(steps), "--compute-s", str(compute_s)], backend=backend,
+                              gpu_type=gpu_type)
+            if proc.wait() != 0:
+                raise RuntimeError(f"fit sweep at {g} GPUs failed:\n" + (d / "launcher.log").read_text()[-2000:])
+            samples[g] = _sample(read_progress(d), gpu_type)
+    full = fit_job(list(samples.values()), prior)
+    rows = []
+    for g, smp in samples.items():
+        others = fit_job([x for h, x in samples.items() if h != g], prior)
+        rows.append({"gpus": g, "steps": smp.steps, "measured_s": smp.step_s, "compute_s": smp.compute_s,
+                     "comm_s": smp.comm_s, "fitted_s": full.step_time(gpu_type, g),
+                     "left_out_s": others.step_time(gpu_type, g)})
+    return rows
 
 
 def run_cli(args) -> int:

@@ -1,4 +1,5 @@
-"""The doubling heuristic (seed 001), extended to several GPU types.
+"""The paper's doubling heuristic, extended to several GPU types (hetrain's default,
+`adaptive`, builds on its growth step).
 
 1. Admission: every job gets its minimum size (running jobs first, keeping their type;
    then waiting jobs in arrival order), each new job on the type it is relatively best
@@ -92,6 +93,6 @@ def doubling(jobs, cluster, allocation, now):
 
 @register("doubling-strict")
 def doubling_strict(jobs, cluster, allocation, now):
-    """The seed's rule exactly: sizes only double (GPUs a doubling cannot use stay idle)."""
+    """The paper's rule exactly: sizes only double (GPUs a doubling cannot use stay idle)."""
     return plan(jobs, cluster, allocation, now, top_up=False)
 
