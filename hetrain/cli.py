@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from hetrain.errors import UserError
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # user mistakes: a message, no traceback
         print(f"hetrain: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        # the work is over: a stop request now has nothing to stop, and Python's shutdown
+        # would restore SIGUSR1's default action (terminate) while atexit hooks still run
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

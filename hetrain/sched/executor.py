@@ -326,6 +326,8 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
                     if r.live:
                         r.samples.append(r.live)
                         r.live = None
+                    if code == -signal.SIGUSR1 and read_progress(r.dir).step >= r.spec.steps:
+                        code = 0  # it had finished when a late stop request reached its exiting launcher
                     if code == 0:
                         r.finish = time.time() - t0
                         finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -122,6 +123,9 @@ def main(argv=None) -> int:
         if flag.item() > 0 and step < args.steps:
             code = EXIT_STOPPED
             break
+    # the loop is over: a later stop request has nothing to stop, and must not kill this rank
+    # while Python shuts down (which restores SIGUSR1's default action, terminate)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if rank == 0:
         save_checkpoint(ckpt, {"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
                                "done": step >= args.steps})

@@ -68,3 +68,8 @@ def test_cli_bad_cluster_and_policy(capsys):
     assert "TYPE:COUNT" in capsys.readouterr().err
     assert main(["schedule", "simulate", "--pattern", "poisson", "--policy", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_cli_run_on_ray_needs_an_address(capsys):
+    assert main(["schedule", "run", "--backend", "ray"]) == 2
+    assert "--address" in capsys.readouterr().err
