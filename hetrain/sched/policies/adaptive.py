@@ -10,7 +10,7 @@
    costs charged): a job may move to another GPU type or size using GPUs that growth
    left idle there (relocation), or two jobs on different types may trade places
    (swap), whichever gains most; the GPUs freed go back to growth. Repeated until no
-   move gains. This is what doubling cannot do: a job's type is fixed at admission,
+   move gains (at most 16 moves a decision). This is what doubling cannot do: a job's type is fixed at admission,
    so a pool can sit idle while a job that would run well there waits for a doubling
    in a full one, and two jobs can each sit on the other's better type.
 """
@@ -23,7 +23,7 @@ from ..job import Alloc
 from . import admit_at_minimum, register
 from .doubling import grow
 
-SWAP_LIMIT = 256  # pairwise moves are O(jobs^2): considered up to this many admitted jobs
+SWAP_CANDIDATES = 32  # jobs (those that could gain most elsewhere) whose swap partners are sought
 _EPS = 1e-9
 
 
@@ -74,19 +74,24 @@ def relocate(jobs, cluster, allocation, tent, free, max_moves: int | None = None
         i, t = np.unravel_index(int(np.argmax(reloc)), reloc.shape)
         move = [(i, t, int(best_n[i, t, avail[i, t]]))] if reloc[i, t] > _EPS * max(1.0, now_cost[i]) else []
         gain = reloc[i, t] if move else 0.0
-        if len(ids) <= SWAP_LIMIT and nt > 1:
-            # swap: i takes j's type (its GPUs and the idle ones) and j takes i's
+        if nt > 1:
+            # swap: a takes b's type (b's GPUs and the idle ones) and b takes a's. Pairs are
+            # sought for the SWAP_CANDIDATES jobs that could gain most on another type,
+            # with every job as partner: O(candidates x jobs) instead of O(jobs^2)
             room = np.minimum(free[t_now] + n_now, width - 1)   # a type's GPUs once this job leaves
-            cap_i = np.broadcast_to(room[None, :], (len(ids), len(ids)))  # i on j's type
-            cap_j = np.broadcast_to(room[:, None], (len(ids), len(ids)))  # j on i's type
-            c_i = best[rows[:, None], t_now[None, :], cap_i]
-            c_j = best[rows[None, :], t_now[:, None], cap_j]
-            sw = now_cost[:, None] + now_cost[None, :] - c_i - c_j
-            sw[t_now[:, None] == t_now[None, :]] = -np.inf
-            a, b = np.unravel_index(int(np.argmax(sw)), sw.shape)
-            if sw[a, b] > max(gain, _EPS * max(1.0, now_cost[a] + now_cost[b])):
-                move = [(a, t_now[b], int(best_n[a, t_now[b], cap_i[a, b]])),
-                        (b, t_now[a], int(best_n[b, t_now[a], cap_j[a, b]]))]
+            upper = now_cost - best[rows, :, width - 1].min(axis=1)
+            cand = np.argsort(-upper, kind="stable")[:SWAP_CANDIDATES]
+            cap_a = np.broadcast_to(room[None, :], (len(cand), len(ids)))  # a on b's type
+            cap_b = np.broadcast_to(room[cand][:, None], (len(cand), len(ids)))  # b on a's type
+            c_a = best[cand[:, None], t_now[None, :], cap_a]
+            c_b = best[rows[None, :], t_now[cand][:, None], cap_b]
+            sw = now_cost[cand][:, None] + now_cost[None, :] - c_a - c_b
+            sw[t_now[cand][:, None] == t_now[None, :]] = -np.inf
+            k, b = np.unravel_index(int(np.argmax(sw)), sw.shape)
+            a = int(cand[k])
+            if sw[k, b] > max(gain, _EPS * max(1.0, now_cost[a] + now_cost[b])):
+                move = [(a, t_now[b], int(best_n[a, t_now[b], cap_a[k, b]])),
+                        (b, t_now[a], int(best_n[b, t_now[a], cap_b[k, b]]))]
         if not move:
             break
         touched = set()

@@ -62,8 +62,8 @@ def grow(by_id, tent, free, allocation, top_up=True, types=None):
     with `types`, only jobs on those GPU types are considered (the pools that gained GPUs)."""
     heap = []
     for jid, a in tent.items():
-        if types is not None and a.type not in types:
-            continue
+        if free[a.type] <= 0 or (types is not None and a.type not in types):
+            continue  # nothing to grow into
         mv = _move(by_id[jid], a, free[a.type], allocation.get(jid), top_up)
         if mv:
             heap.append((-mv[0], jid, mv[1]))
