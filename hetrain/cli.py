@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from hetrain.errors import UserError
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         # a path from the command line that cannot be read or written (no such folder, no permission)
         print(f"hetrain: error: cannot use {err.filename}: {err.strerror or err}", file=sys.stderr)
         return 2
+    finally:
+        # the work is over: a stop request now has nothing to stop, and Python's shutdown
+        # would restore SIGUSR1's default action (terminate) while atexit hooks still run
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

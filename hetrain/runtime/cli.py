@@ -95,6 +95,12 @@ def _cmd_launch(args) -> int:
     if args.script is None:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
     argv = (["-m"] if args.module else []) + [args.script, *args.script_args]
+    if args.ray:
+        from .ray_backend import RayOptions, launch_on_ray
+
+        opts = RayOptions(address=args.ray, gpu_resource=args.ray_gpu_resource, cpus_per_process=args.ray_cpus,
+                          strategy=args.ray_strategy, reserve_timeout_s=args.ray_wait)
+        return launch_on_ray(_launch_config(args, argv), opts)
     return launch(_launch_config(args, argv))
 
 
@@ -134,6 +140,17 @@ def register(sub) -> None:
     _add_job_flags(p)
     _add_torchrun_flags(p)
     p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
+    r = p.add_argument_group("Ray cluster (pip install 'hetrain[ray]')")
+    r.add_argument("--ray", metavar="ADDRESS",
+                   help="run the job's processes as actors on this Ray cluster (GCS HOST:PORT, or auto); "
+                        "Ray places the machines, this command hosts the rendezvous")
+    r.add_argument("--ray-gpu-resource", default="GPU",
+                   help="Ray resource that counts GPUs (default GPU; a custom resource for emulated GPUs)")
+    r.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs reserved per process (default 1)")
+    r.add_argument("--ray-strategy", choices=["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], default="PACK",
+                   help="placement group strategy (default PACK: fewest nodes)")
+    r.add_argument("--ray-wait", type=float, default=120.0,
+                   help="seconds to wait for the cluster to grant the resources before giving up")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")

@@ -215,10 +215,7 @@ class Launcher:
         STOP_REQUESTED.set()
         for c in self.children:
             if c.popen.poll() is None:
-                try:
-                    os.killpg(c.popen.pid, signum)
-                except ProcessLookupError:
-                    pass
+                self._signal(c, signum)
 
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
@@ -289,42 +286,41 @@ class Launcher:
                   f"logs in {self.run_dir}")
         if cores.pinned:
             self._log(f"hetrain: {describe_cores(cores, local)}")
+        if STOP_REQUESTED.is_set():  # asked to stop before any process started: nothing ran, nothing to save
+            self._log("hetrain: stop requested before the job started; relaunch to run it")
+            return EXIT_STOPPED
+        self._core_plan = cores
         for local_rank, p in enumerate(local):
-            env = dict(os.environ)
-            env.update(cfg.extra_env)
-            env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, self.job_id,
-                               cluster.model_dump_json(), cfg.comm, str(self.run_dir),
-                               local_rank=local_rank, local_world_size=len(local)).to_environ(secret))
-            env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
-            threads = cores.threads_for(p.rank)
-            if threads:  # the cluster file gave this worker its own cores
-                env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-            if self.ratelimit_dir:
-                env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
-            env["PYTHONUNBUFFERED"] = "1"
-            if p.role == "worker":
-                argv = [sys.executable, "-u", *cfg.argv]
-            else:
-                argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
-            if cores.cores_for(p.rank):
-                argv = pin(argv, cores.cores_for(p.rank))
-            if self.netns is not None:
-                argv = self.netns.wrap(p.machine.name, argv)
-            # children start with SIGUSR1 blocked: an early stop request stays pending until
-            # the script installs its handler (hetrain.train.elastic.on_stop_request)
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-            try:
-                popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            child = Child(p, popen)
+            env = process_env(cfg, p, topo.world_size, cluster, master_addr, port, self.job_id, secret,
+                              str(self.run_dir), self.ratelimit_dir, local_rank=local_rank,
+                              local_world_size=len(local), threads=cores.threads_for(p.rank))
+            child = Child(p, self._spawn(p, process_args(cfg, p), env))
             child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
             child.reader.start()
             self.children.append(child)
-        if STOP_REQUESTED.is_set():  # asked before the processes existed
+        if STOP_REQUESTED.is_set():  # asked while the processes were being started
             self._forward()
         return self._monitor(topo)
+
+    def _spawn(self, p: Proc, args: list[str], env: dict[str, str]):
+        """Start one process of the job here; returns its Popen (or a handle like it)."""
+        argv = [sys.executable, *args]
+        plan = getattr(self, "_core_plan", None)
+        if plan is not None and plan.cores_for(p.rank):  # the cluster file gave this worker its own cores
+            argv = pin(argv, plan.cores_for(p.rank))
+        if self.netns is not None:
+            argv = self.netns.wrap(p.machine.name, argv)
+        return start_process(argv, full_env(env))
+
+    def _signal(self, child: Child, signum: int) -> None:
+        """Send a signal to a process and its children."""
+        try:
+            os.killpg(child.popen.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _exit_text(self, child: Child) -> str:
+        return _describe_exit(child.popen.returncode)
 
     def _pump(self, child: Child, idle_s: float = 0.2) -> None:
         """Forward a process's output as it arrives, one line per `\n`- or `\r`-ended
@@ -333,11 +329,6 @@ class Launcher:
         it closes); a piece with no end yet (a bar waiting for its next redraw) is shown
         once nothing more has arrived for `idle_s`."""
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
-        fd = child.popen.stdout.fileno()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP)
-        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
 
         def emit(piece: str) -> None:
             if piece.strip():
@@ -345,6 +336,17 @@ class Launcher:
                 if not self.cfg.quiet:
                     self._log(f"{prefix} {piece}")
 
+        stream = child.popen.stdout
+        if not hasattr(stream, "fileno"):  # a remote process (Ray) hands over its output line by line
+            for line in stream:
+                for piece in re.split(r"[\r\n]", line if isinstance(line, str) else line.decode(errors="replace")):
+                    emit(piece)
+            return
+        fd = stream.fileno()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
         while True:
             if len(pending) > shown and not poller.poll(int(idle_s * 1000)):
                 emit(pending[shown:])
@@ -380,18 +382,20 @@ class Launcher:
             failed.sort(key=lambda c: (_is_consequence(c), c.proc.rank))
             for c in failed[:1]:
                 code = c.popen.returncode
-                if first is None:
+                # blame the root cause: a process that failed because it lost a peer gives way to
+                # the peer when that one is seen later (a lost Ray node is reported after its survivors)
+                if first is None or (c is not first and _is_consequence(first) and not _is_consequence(c)):
                     first = c
                     try:
                         self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))
                     except Exception:
                         pass
                     if self._joined(c.proc.rank):
-                        self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({_describe_exit(code)}); "
+                        self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({self._exit_text(c)}); "
                                   f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
                         deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
                     else:  # the others are waiting for it at the rendezvous: nothing to wait for
-                        self._log(f"hetrain: {topo.describe(c.proc.rank)} exited ({_describe_exit(code)}) before "
+                        self._log(f"hetrain: {topo.describe(c.proc.rank)} exited ({self._exit_text(c)}) before "
                                   "the job formed; stopping the others now")
                         self._stop_all(grace=3.0)
             if first is None and running and self._workers_left_without_joining():
@@ -416,7 +420,7 @@ class Launcher:
             self._log(f"hetrain: all {len(self.children)} processes finished")
             return 0
         tail = "\n".join(f"    {line}" for line in list(first.tail)[-15:])
-        self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({_describe_exit(first.popen.returncode)}). "
+        self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({self._exit_text(first)}). "
                   f"Its last output:\n{tail}")
         return 1
 
@@ -440,20 +444,70 @@ class Launcher:
     def _stop_all(self, grace: float) -> None:
         alive = [c for c in self.children if c.popen.poll() is None]
         for c in alive:
-            try:
-                os.killpg(c.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            self._signal(c, signal.SIGTERM)
         end = time.monotonic() + grace
         for c in alive:
             try:
                 c.popen.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(c.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self._signal(c, signal.SIGKILL)
                 c.popen.wait()
+
+
+def process_env(cfg: LaunchConfig, p: Proc, world_size: int, cluster: ClusterSpec, master_addr: str, port: int,
+                job_id: str, secret: str, run_dir: str, ratelimit_dir: str | None = None, *,
+                local_rank: int = 0, local_world_size: int = 1, threads: int | None = None) -> dict[str, str]:
+    """hetrain's variables for one process of a job, to lay over the environment of the
+    machine it runs on (`full_env`). The one place that says what a process is told.
+    `local_rank`/`local_world_size`: its place among the processes its launcher starts
+    (torchrun's LOCAL_RANK); `threads`: the cores the cluster file gives it."""
+    env = dict(cfg.extra_env)
+    env.update(ProcEnv(p.rank, world_size, master_addr, port, job_id, cluster.model_dump_json(), cfg.comm,
+                       run_dir, local_rank=local_rank, local_world_size=local_world_size).to_environ(secret))
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    if ratelimit_dir:
+        env["HETRAIN_RATELIMIT_DIR"] = ratelimit_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def full_env(overrides: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(overrides)
+    env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+    return env
+
+
+def process_args(cfg: LaunchConfig, p: Proc) -> list[str]:
+    """The interpreter's arguments for one process: the user's script on workers, the
+    summation service on servers."""
+    return ["-u", *cfg.argv] if p.role == "worker" else ["-u", "-m", "hetrain.comm.server"]
+
+
+def start_process(argv: list[str], env: dict[str, str], cwd: str | None = None,
+                  die_with_parent: bool = False) -> subprocess.Popen:
+    """Start a process of a job in its own session, output piped, SIGUSR1 blocked: an early
+    stop request stays pending until the script installs its handler
+    (hetrain.train.elastic.on_stop_request). `die_with_parent` (Linux): the kernel kills it
+    when the starting thread's process dies, so no rank outlives a supervisor that is killed."""
+    preexec = _pdeathsig() if die_with_parent else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec, bufsize=0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _pdeathsig():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
+    return lambda: prctl(pr_set_pdeathsig, sigkill)
 
 
 def launch(cfg: LaunchConfig) -> int:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import UserError
-from ..perf.jobs import ScalingCurve, rate_table
+from ..perf.jobs import ScalingCurve, completion_time, rate_table
 from .cluster import GpuCluster
 
 
@@ -40,10 +40,15 @@ class Job:
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
     start_cost: float = 0.0       # seconds before the first step of a cold start
+    # seconds the job has held GPUs of each type (kept by the simulator and the executor;
+    # Gavel's round-based mechanism compares it with the time shares its LP asks for)
+    service_s: np.ndarray = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
             self.remaining = self.work
+        if self.service_s is None:
+            self.service_s = np.zeros(self.rates.shape[0])
         self.max_gpus = min(self.max_gpus, self.rates.shape[1] - 1)
 
     def rate(self, a: Alloc | None) -> float:
@@ -60,11 +65,11 @@ class Job:
 
     def est_time(self, a: Alloc, current: Alloc | None) -> float:
         """Estimated seconds to finish from now at allocation a (restart charged on a change)."""
-        r = self.rate(a)
-        if r <= 0:
-            return float("inf")
-        penalty = self.restart_cost if (self.started and a != current) else 0.0
-        return penalty + self.remaining / r
+        return completion_time(self.remaining, self.rate(a), self.change_cost(a, current))
+
+    def change_cost(self, a: Alloc | None, current: Alloc | None) -> float:
+        """Seconds a move from `current` to `a` costs: the restart cost, once the job has run."""
+        return self.restart_cost if (self.started and a != current) else 0.0
 
     def best_type_order(self, n: int) -> list[int]:
         """Types sorted fastest first for this job at n GPUs (or at its feasible size)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .cluster import GpuCluster
-from .gavel import load_throughputs
+from .gavel import bundled_traces, load_throughputs, trace_path
 from .job import Job, JobError, make_job
 
 
@@ -68,8 +68,9 @@ def parse_trace_lines(lines, cluster: GpuCluster, source: str = "<trace>", resta
 
 
 def load_trace(path: str | Path, cluster: GpuCluster, **kw) -> list[Job]:
-    path = Path(path)
+    path = trace_path(path)
     if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
+        raise TraceError(f"trace file {path} does not exist (shipped traces, usable by name: "
+                         f"{', '.join(bundled_traces())})")
     with path.open() as fh:
         return parse_trace_lines(fh, cluster, source=str(path), **kw)

@@ -14,12 +14,17 @@ after the current step, rank 0 writes the checkpoint atomically
 (hetrain.train.checkpoint) and every rank exits with EXIT_STOPPED. On completion the final checkpoint is written with
 `done: True` and the processes exit 0. T_compute is emulated: after each step a rank
 sleeps compute_s / W (a GPU's share of the global batch's compute).
+
+Rank 0 reports progress in `progress` (step, time, world size, then the steps timed in
+this run after its first, with their compute and communication seconds): the scheduler
+fits the job's ring curve to them.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -86,6 +91,7 @@ def main(argv=None) -> int:
         step = int(state["step"])
     t_start = time.time()
     times = []
+    compute_sum = comm_sum = 0.0  # this run's steps after its first (which includes warm-up)
     code = 0
     while step < args.steps:
         t0 = time.perf_counter()
@@ -93,22 +99,33 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=False)
         loss = ((model(x[idx]) - y[idx]) ** 2).sum() / args.batch
         loss.backward()
+        t1 = time.perf_counter()
         hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()], average=False)
+        t2 = time.perf_counter()
         opt.step()
         if args.compute_s > 0:
             time.sleep(args.compute_s / world)
         step += 1
+        t3 = time.perf_counter()
         flag = torch.tensor([1.0 if stop.is_set() else 0.0])
         if world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.worker_group)
-        times.append(time.perf_counter() - t0)
+        t4 = time.perf_counter()
+        times.append(t4 - t0)
         if rank == 0:
+            if len(times) > 1:
+                compute_sum += (t1 - t0) + (t3 - t2)
+                comm_sum += (t2 - t1) + (t4 - t3)
+            # step, time, world size, timed steps, their compute and communication seconds
             tmp = job_dir / "progress.tmp"
-            tmp.write_text(f"{step} {time.time():.6f}\n")
+            tmp.write_text(f"{step} {time.time():.6f} {world} {len(times) - 1} {compute_sum:.6f} {comm_sum:.6f}\n")
             os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
         if flag.item() > 0 and step < args.steps:
             code = EXIT_STOPPED
             break
+    # the loop is over: a later stop request has nothing to stop, and must not kill this rank
+    # while Python shuts down (which restores SIGUSR1's default action, terminate)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if rank == 0:
         save_checkpoint(ckpt, {"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
                                "done": step >= args.steps})

@@ -92,7 +92,6 @@ def test_builtin_catalogues_load():
         assert cat.source
 
 
-@pytest.mark.skipif(not GAVEL.is_file(), reason="Gavel's simulation_throughputs.json is not in hetrain/data/gavel")
 def test_catalogue_gpu_speeds_follow_gavel_measurements():
     ratios = gavel_speed_ratios(GAVEL)
     cat = load_catalogue("gcp")

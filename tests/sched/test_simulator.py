@@ -32,7 +32,7 @@ def test_restart_cost_is_charged_on_resize():
     assert r.restarts_per_job.tolist() == [2, 0]
 
 
-@pytest.mark.parametrize("policy", ["fifo", "srtf", "doubling", "optimal"])
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "doubling", "optimal", "adaptive", "gavel"])
 def test_all_jobs_finish_and_metrics_are_sane(gavel_dir, hetero, policy):
     jobs = make_pattern("poisson", 15, hetero, seed=1)
     r = simulate(jobs, hetero, policy)
@@ -68,3 +68,8 @@ def test_cli_bad_cluster_and_policy(capsys):
     assert "TYPE:COUNT" in capsys.readouterr().err
     assert main(["schedule", "simulate", "--pattern", "poisson", "--policy", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_cli_run_on_ray_needs_an_address(capsys):
+    assert main(["schedule", "run", "--backend", "ray"]) == 2
+    assert "--address" in capsys.readouterr().err
