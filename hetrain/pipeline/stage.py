@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 from torch import nn
 
@@ -46,15 +44,41 @@ class Pulled:
     rows: torch.Tensor
 
 
-class StageCompute:
-    """Layers start..end-1 of `model` on `wire.device`; `pull(keys, step)` returns host
-    rows for distinct keys, `push(keys, grad, step)` sends their gradient (host)."""
+@dataclass
+class Prepared:
+    """A micro-batch whose rows are being pulled: keys, each ID's index in them per
+    table, and the pull in flight."""
 
-    def __init__(self, model, start: int, end: int, layout: ShardLayout, wire,
-                 pull: Callable | None = None, push: Callable | None = None):
+    keys: torch.Tensor
+    inv: torch.Tensor
+    pending: object
+
+
+class LocalRows:
+    """Rows from an in-process shard (the profiler's stand-in for `SparseClient`)."""
+
+    def __init__(self, shard):
+        self.shard = shard
+
+    def start(self, keys, step):
+        return self.shard.pull(keys)
+
+    def wait(self, pending):
+        return pending
+
+    def push(self, keys, grad, step):
+        self.shard.push(keys, grad)
+
+
+class StageCompute:
+    """Layers start..end-1 of `model` on `wire.device`. `rows` serves the embedding rows:
+    `start(keys, step)` posts a pull of distinct keys (host), `wait(pending)` returns
+    their rows (host), `push(keys, grad, step)` sends their gradient (host); the
+    `SparseClient` of the shards, or `LocalRows`."""
+
+    def __init__(self, model, start: int, end: int, layout: ShardLayout, wire, rows=None):
         self.model, self.start, self.end = model, start, end
-        self.layout, self.wire = layout, wire
-        self.pull_rows, self.push_rows = pull, push
+        self.layout, self.wire, self.rows = layout, wire, rows
         self.embs = []
         for li in range(start, end):
             if hasattr(model.layers[li], "table"):
@@ -63,28 +87,37 @@ class StageCompute:
         self.layers = model.layers[start:end]
         self.layers.to(wire.device)
         self.params = [p for layer in self.layers for p in layer.parameters()]
-        self.pull_s = 0.0  # seconds spent waiting for pulled rows
         self.names = [f"{start + i}.{n}" for i, layer in enumerate(self.layers) for n, _ in layer.named_parameters()]
+        self.pull_s = 0.0  # seconds spent waiting for pulled rows
 
-    def forward(self, inputs: list[torch.Tensor], step: int) -> tuple[list[torch.Tensor], Pulled | None]:
-        """Run the stage on one micro-batch (inputs on the stage's device)."""
+    def prepare(self, inputs: list[torch.Tensor], step: int) -> Prepared | None:
+        """Start pulling the rows a micro-batch needs (None: the stage has no lookups)."""
+        if not self.embs:
+            return None
+        ids = inputs[1]
+        keys = torch.stack([self.layout.keys(self.model.layers[li].index, ids[:, self.model.layers[li].index, :])
+                            for li in self.embs], 0)
+        uniq, inv = torch.unique(keys, return_inverse=True)
+        host_keys = self.wire.to_cpu(uniq)
+        return Prepared(host_keys, inv, self.rows.start(host_keys, step))
+
+    def forward(self, inputs: list[torch.Tensor], step: int,
+                prepared: Prepared | None = None) -> tuple[list[torch.Tensor], Pulled | None]:
+        """Run the stage on one micro-batch (inputs on the stage's device; `prepared`: its
+        pull, if already started)."""
         pulled = None
         if self.embs:
-            ids = inputs[1]
-            keys = torch.stack([self.layout.keys(self.model.layers[li].index, ids[:, self.model.layers[li].index, :])
-                                for li in self.embs], 0)
-            uniq, inv = torch.unique(keys, return_inverse=True)
-            host_keys = self.wire.to_cpu(uniq)
+            prepared = prepared or self.prepare(inputs, step)
             t0 = time.perf_counter()
-            got = self.pull_rows(host_keys, step)
+            got = self.rows.wait(prepared.pending)
             self.pull_s += time.perf_counter() - t0
             rows = self.wire.from_cpu(got).requires_grad_(True)
             for j, li in enumerate(self.embs):
-                self.model.layers[li].rows, self.model.layers[li].inv = rows, inv[j]
-            pulled = Pulled(host_keys, rows)
+                self.model.layers[li].rows, self.model.layers[li].inv = rows, prepared.inv[j]
+            pulled = Pulled(prepared.keys, rows)
         return list(self.model.run_range(self.start, self.end, *inputs)), pulled
 
     def push(self, pulled: Pulled | None, step: int) -> None:
         """After backward: the gradient of the micro-batch's rows to the shards."""
         if pulled is not None:
-            self.push_rows(pulled.keys, self.wire.to_cpu(pulled.rows.grad), step)
+            self.rows.push(pulled.keys, self.wire.to_cpu(pulled.rows.grad), step)

@@ -168,7 +168,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
     own = sum(sizes[i] for i in mine)  # this replica's samples per step (its push_pull weight)
     wire = wire_for(ctx.device, ctx.describe(ctx.rank))
     client = SparseClient(layout, spec.shard_ranks, spec.model.dim, on_error=ctx.peer_error)
-    stage = StageCompute(model, st.start, st.end, layout, wire, client.pull, client.push)
+    stage = StageCompute(model, st.start, st.end, layout, wire, client)
     params, names = stage.params, stage.names
     opt = None
     if params:
@@ -183,7 +183,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
             opt.load_state_dict(ck["optim"])
     # dense gradients: the batch-weighted average over the stage's replicas, on its group
     engine = PushPull(ctx, group) if params and k > 1 else None
-    loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes) if s == 0 else None
+    loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes, k) if s == 0 else None
     pacer = Pacer(spec.emulate)
     T = st.time_per_sample_s
     ends, losses = [], []
@@ -228,12 +228,21 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
         saved, sends = {}, []
         pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
         step_loss = torch.zeros((), device=wire.device)
-        for i in mine:
+        ahead: dict = {}  # first stage: the next micro-batch, read and its rows' pull posted
+
+        def read(i: int):
+            dense, ids, label = (wire.from_cpu(t) for t in loader.get(step, i))
+            inputs = [dense, ids]
+            return inputs, label, stage.prepare(inputs, step)
+
+        for n_i, i in enumerate(mine):
             m = sizes[i]
+            prepared = None
             if s == 0:  # reading data: the next micro-batch is always ready
                 pacer.begin(0.0)
-                dense, ids, label = (wire.from_cpu(t) for t in loader.get(step, i))
-                inputs = [dense, ids]
+                inputs, label, prepared = ahead.pop(i) if i in ahead else read(i)
+                if n_i + 1 < len(mine):  # its rows arrive while this one computes
+                    ahead[mine[n_i + 1]] = read(mine[n_i + 1])
             else:
                 got = receive(prev[i % len(prev)], i, "activations")
                 label, inputs = got[-1], got[:-1]
@@ -241,7 +250,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                     if t.is_floating_point():
                         t.requires_grad_(True)
             ev(f"fwd{i}-in")
-            out, pulled = stage.forward(inputs, step)
+            out, pulled = stage.forward(inputs, step, prepared)
             if last:
                 loss = model.loss(out[0], label)
                 step_loss += loss.detach() * m
