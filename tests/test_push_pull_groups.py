@@ -161,3 +161,37 @@ def test_a_group_of_one_moves_nothing(monkeypatch):
     assert torch.equal(t, torch.full((4,), 5.0))
     with pytest.raises(UserError, match="weight 0"):
         eng.push_pull([("w", t)], weight=0)
+
+
+def test_a_lost_member_is_blamed_on_the_group_s_other_members(monkeypatch):
+    """A collective that fails (a member died) raises the context's peer error, told what
+    the group was doing and which members it waited on (the context then names the rank
+    the launcher reported dead)."""
+    ctx = _ctx(_machines(4), rank=1)
+    group = Group("stage 1", (1, 3), gloo="pg")
+
+    def broken(t, group=None, async_op=False):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "all_reduce", broken)
+    eng = PushPull(ctx, group)
+    with pytest.raises(RuntimeError, match=r"exchanging the step header of stage 1 \(ranks 1, 3\): \[3\]"):
+        eng.push_pull([("w", torch.zeros(4))], weight=1)
+    # past the header, the buckets' all-reduce
+    calls = []
+
+    def header_then_broken(t, group=None, async_op=False):
+        if t.dtype == torch.int64:
+            d = int(t[0])
+            t += torch.tensor([d, d * d, 1, 0, 1, int(t[5]), 0])
+            calls.append("header")
+            return _Done()
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "all_reduce", header_then_broken)
+    monkeypatch.setattr(dist, "all_gather", lambda out, t, group=None: [o.copy_(t) for o in out])
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    eng = PushPull(ctx, group)
+    with pytest.raises(RuntimeError, match=r"all-reducing gradients among stage 1 \(ranks 1, 3\): \[3\]"):
+        eng.push_pull([("w", torch.zeros(4))], weight=1)
+    assert calls == ["header"]
