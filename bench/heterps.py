@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=None,
                     help="throughput target of the plans (samples/s; 1000, or with --real half the best reachable)")
     ap.add_argument("--batch", type=int, default=None, help="global batch per step (2048; --real: 65536)")
-    ap.add_argument("--micro-batches", type=int, default=64)
+    ap.add_argument("--micro-batches", type=int, default=None, help="per step (64; --real: 32)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per plan (3; --real: 2)")
     ap.add_argument("--samples", type=float, default=1e8, help="samples in the priced training run")
     ap.add_argument("--auc-steps", type=int, default=None, help="steps of the AUC runs")
@@ -68,6 +68,7 @@ def main() -> int:
     if args.real:
         return real(args)
     args.target = args.target or 1000.0
+    args.micro_batches = args.micro_batches or 64
     args.batch = args.batch or 2048
     args.repeats = args.repeats or 3
     steps = 4 if args.quick else 8
@@ -164,8 +165,10 @@ def real(args) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"skipped": "needs CUDA"}))
         return 0
-    kw = dict(target=args.target, micro_batches=args.micro_batches, cpu_threads=args.cpu_threads,
-              samples=args.samples, gpu_price=args.gpu_price, cpu_dry_run=args.cpu_dry_run)
+    kw = dict(target=args.target, cpu_threads=args.cpu_threads, samples=args.samples, gpu_price=args.gpu_price,
+              cpu_dry_run=args.cpu_dry_run)
+    if args.micro_batches:
+        kw["micro_batches"] = args.micro_batches
     if args.batch:
         kw["batch"] = args.batch
     if args.repeats:

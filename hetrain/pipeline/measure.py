@@ -45,7 +45,7 @@ def _dry_run_devices(cpu_threads: int) -> HostDevices:
                        1, 8 * 2**30)
 
 
-def measure_real(*, target: float | None = None, batch: int = 65536, micro_batches: int = 64, cpu_threads: int = 4,
+def measure_real(*, target: float | None = None, batch: int = 65536, micro_batches: int = 32, cpu_threads: int = 4,
                  steps: int = 6, warmup_steps: int = 2, repeats: int = 2, samples: float = 1e8,
                  gpu_price: float | None = None, work_dir: str | None = None, cpu_dry_run: bool = False,
                  timeout: float = 60.0, log: Callable[[str], None] = print) -> dict:
