@@ -173,7 +173,12 @@ class SparseClient:
             r = self.ranks[j]
             h = _hdr(PULL, step, local.numel())
             buf = torch.empty(local.numel(), self.dim)
-            works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            try:  # gloo raises at once on a connection it already knows is broken
+                works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            except RuntimeError as err:
+                if self.on_error is None:
+                    raise
+                raise self.on_error("pulling embedding rows", [r], err) from None
             bufs.append((pos, buf, h, local))
         return keys.numel(), works, bufs
 

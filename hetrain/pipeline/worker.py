@@ -120,7 +120,7 @@ def want_ckpt(spec: RunSpec, done: int) -> bool:
 # ------------------------------------------------------------------ roles
 
 
-def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int) -> dict:
+def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int, ready) -> dict:
     full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
     state = ShardState(layout.shard_of(full, j), spec.optim)
     if start:
@@ -132,6 +132,7 @@ def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int
             save(spec, done, f"shard{j}", state.state_dict())
         _maybe_fail(spec, ctx.rank, done)
 
+    ready()
     steps = serve(state, clients, spec.model.dim, start_step=start, on_step=on_step, on_error=ctx.peer_error)
     return {"role": f"shard{j}", "rows": int(state.rows.shape[0]), "steps": steps}
 
@@ -157,7 +158,7 @@ def _cpu(obj):
     return obj
 
 
-def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, group, start: int) -> dict:
+def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, group, start: int, ready) -> dict:
     st = spec.stages[s]
     k = st.instances
     last = s == len(spec.stages) - 1
@@ -224,6 +225,9 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
         g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
         return send(g, prev[i % len(prev)], i, ready_at, "input gradients")
 
+    if s == 0:
+        loader.get(start, mine[0])  # its first chunk of data, before the clocks start
+    ready()
     for step in range(start, spec.steps):
         saved, sends = {}, []
         pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
@@ -325,6 +329,23 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
             "comm_s": engine.stats.comm_s if engine else 0.0, "pull_s": stage.pull_s, **prof, **({"trace": trace} if trace else {})}
 
 
+def setup_barrier(ctx, spec: RunSpec, poll_s: float = 0.05) -> None:
+    """Wait until every process has set itself up (model, data, buffers) before the first
+    step. Through the job's store, not gloo: gloo waits are bounded by the job's
+    `--timeout` (meant for lost peers), and a shard would otherwise start its timed wait
+    for requests while a stage on a loaded host is still building its model. A process
+    that dies meanwhile ends the job through the launcher, which stops the others."""
+    if ctx.store is None:
+        return
+    key = "hetrain/pipeline/setup"
+    ctx.store.add(key, 1)
+    deadline = time.monotonic() + max(600.0, 10 * ctx.comm.timeout_s)
+    while ctx.store.add(key, 0) < spec.world_size:
+        if time.monotonic() > deadline:
+            raise ctx.peer_error("waiting for every process to set up", [], TimeoutError("setup barrier"))
+        time.sleep(poll_s)
+
+
 def check_devices(spec: RunSpec, ctx, role) -> None:
     """Before any stage puts its layers on a GPU: each GPU replica checks that its GPU's
     free memory holds every stage placed on that GPU; then every rank waits for every
@@ -363,10 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     start = latest_complete(spec) if spec.resume else 0
     if start:
         print(f"resuming from the checkpoint of step {start}", flush=True)
+    ready = lambda: setup_barrier(ctx, spec)  # noqa: E731
     if role.kind == "shard":
-        info = run_shard(spec, ctx, role.index, layout, model, start)
+        info = run_shard(spec, ctx, role.index, layout, model, start, ready)
     else:
-        info = run_stage(spec, ctx, role.index, role.replica, layout, model, groups[role.index], start)
+        info = run_stage(spec, ctx, role.index, role.replica, layout, model, groups[role.index], start, ready)
     info["rank"] = ctx.rank
     if spec.metrics_dir:
         Path(spec.metrics_dir).mkdir(parents=True, exist_ok=True)
