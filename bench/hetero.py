@@ -1,4 +1,4 @@
-"""H-PS benchmarks on an emulated heterogeneous cluster (issue #5).
+"""H-PS benchmarks on an emulated heterogeneous cluster.
 
   python bench/hetero.py [--quick] [--json PATH]
 

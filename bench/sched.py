@@ -1,4 +1,4 @@
-"""Benchmark of the cluster job scheduler (issue #4): average JCT of every policy on
+"""Benchmark of the cluster job scheduler: average JCT of every policy on
 synthetic patterns and Gavel traces, on a homogeneous and a three-type cluster;
 doubling versus fifo and versus the exact optimum; simulate-vs-real for the
 executor's tiny workload (when the executor is available); and the scale test

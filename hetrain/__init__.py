@@ -12,8 +12,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-_API = {"init", "rank", "size", "device", "push_pull", "broadcast_parameters", "DistributedOptimizer",
-        "HookState", "ddp_comm_hook", "shutdown", "engine"}
+_API = {"init", "rank", "size", "local_rank", "local_size", "device", "push_pull", "push_pull_async",
+        "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+        "DistributedOptimizer", "Compression", "HookState", "ddp_comm_hook", "shutdown", "engine"}
 
 
 def __getattr__(name: str):

@@ -26,15 +26,10 @@ def read_structured(path: str | Path, what: str, error: type[UserError] = UserEr
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise error(f"{what} {p} is not valid YAML: {yaml_problem(err)}") from None
-
-
-def yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong and where (PyYAML's own text spans
-    several lines, with a copy of the offending line)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise error(f"{what} {p} is not valid YAML{where}: {problem}") from None
 
 
 def format_validation_error(err: ValidationError, header: str, docs: str) -> str:

@@ -23,6 +23,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import UserError  # dependency-free: perf stays numpy-only
 from .comm import ring_allreduce_time
 
 
@@ -53,16 +54,16 @@ class RingCurve:
 
     def __post_init__(self) -> None:
         if not self.compute_s:
-            raise ValueError("RingCurve needs compute_s for at least one GPU type, e.g. {'v100': 0.1}")
+            raise UserError("RingCurve needs compute_s for at least one GPU type, e.g. {'v100': 0.1}")
         for t, c in self.compute_s.items():
             if not c > 0:
-                raise ValueError(f"compute_s[{t!r}] must be > 0 seconds, got {c}")
+                raise UserError(f"compute_s[{t!r}] must be > 0 seconds, got {c}")
         if self.bandwidth <= 0:
-            raise ValueError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+            raise UserError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
         if self.model_bytes < 0 or self.latency < 0 or self.overhead_s < 0:
-            raise ValueError("model_bytes, latency and overhead_s must be >= 0")
+            raise UserError("model_bytes, latency and overhead_s must be >= 0")
         if self.max_g < 1:
-            raise ValueError(f"max_g must be >= 1, got {self.max_g}")
+            raise UserError(f"max_g must be >= 1, got {self.max_g}")
 
     def step_time(self, gpu_type: str, g: int) -> float:
         c = self.compute_s[gpu_type]
@@ -153,11 +154,11 @@ def fit_ring(gpus: Sequence[int], step_times: Sequence[float], comm_s: float = 0
     g = np.asarray(gpus, dtype=float)
     y = np.asarray(step_times, dtype=float)
     if g.shape != y.shape or len(g) == 0:
-        raise ValueError("fit_ring needs as many step times as GPU counts (at least one)")
+        raise UserError("fit_ring needs as many step times as GPU counts (at least one)")
     if np.any(g < 1) or np.any(y <= 0):
-        raise ValueError("GPU counts must be >= 1 and step times > 0")
+        raise UserError("GPU counts must be >= 1 and step times > 0")
     if comm_s < 0:
-        raise ValueError(f"comm_s must be >= 0, got {comm_s}")
+        raise UserError(f"comm_s must be >= 0, got {comm_s}")
     resid = y - comm_s * 2 * (g - 1) / g
     cols = [np.ones_like(g), 1.0 / g]
     if latency_term:

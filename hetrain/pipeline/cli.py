@@ -72,6 +72,9 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
 
     if not plan.get("feasible"):
         raise UserError(f"the plan is not feasible ({plan.get('reason', '')}); make a feasible plan first")
+    from ..plan.render import validate_plan
+
+    plan = validate_plan(plan, "file")
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
     if profile.model != MODEL_NAME:
@@ -107,7 +110,10 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     opts["emulate"] = opts.get("emulate", True) and devmap.emulated  # real devices are never padded
     cfg = CTRModelConfig()
     sparse_types = [catalogue.types[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]
-    cap = parse_size(opts.pop("ps_memory")) if opts.get("ps_memory") else min(t.memory for t in sparse_types)
+    try:
+        cap = parse_size(opts.pop("ps_memory")) if opts.get("ps_memory") else min(t.memory for t in sparse_types)
+    except ValueError as err:
+        raise UserError(f"--ps-memory: {err}") from None
     opts.pop("ps_memory", None)
     shards = shards_needed(cfg.n_tables * cfg.rows, cfg.dim, cap, opts.pop("ps_shards", 2))
     mbs = lcm_micro_batches(opts.pop("micro_batches", 32), inst, batch)
@@ -201,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ckpt_dir:
         opts["ckpt_dir"] = args.ckpt_dir
     if args.fail_at:
-        r, s = args.fail_at.split(":")
+        r, _, s = args.fail_at.partition(":")
+        if not (r.isdigit() and s.isdigit()):
+            raise UserError(f"--fail-at must be RANK:STEP (two non-negative integers), got {args.fail_at!r}")
         opts["fail_rank"], opts["fail_step"] = int(r), int(s)
     res = run_plan(plan, catalogue=args.catalogue, profile=args.profile, run_dir=args.run_dir,
                    timeout=args.timeout, quiet=args.quiet, **opts)

@@ -14,6 +14,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 CHUNK = 4096
 
 
@@ -31,9 +33,9 @@ class CTRDataConfig:
 
     def __post_init__(self) -> None:
         if self.n_tables < 1 or self.rows < 2 or self.n_dense < 1:
-            raise ValueError(f"CTR data needs n_tables >= 1, rows >= 2, n_dense >= 1; got {self}")
+            raise UserError(f"CTR data needs n_tables >= 1, rows >= 2, n_dense >= 1; got {self}")
         if not self.zipf >= 0:
-            raise ValueError(f"zipf must be >= 0 (0 = uniform IDs), got {self.zipf}")
+            raise UserError(f"zipf must be >= 0 (0 = uniform IDs), got {self.zipf}")
 
 
 class CTRData:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..errors import UserError
 from ..plan.profile import LayerProfile, ModelProfile
 
 MODEL_NAME = "ctr-small"
@@ -42,7 +43,7 @@ class CTRModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_tables < 1 or self.rows < 1 or self.dim < 1:
-            raise ValueError(f"CTR model needs n_tables, rows, dim >= 1, got {self}")
+            raise UserError(f"CTR model needs n_tables, rows, dim >= 1, got {self}")
         object.__setattr__(self, "bottom", tuple(self.bottom))
         object.__setattr__(self, "top", tuple(self.top))
 

@@ -44,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--throughput must be a positive number of samples/s, got {args.throughput}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.samples > 0:
+        raise UserError(f"--samples must be a positive number of samples, got {args.samples}")
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--save-profile", args.save_profile)):
+        if path and not Path(path).resolve().parent.is_dir():  # before planning, which can take minutes
+            raise UserError(f"{flag} {path}: the folder {Path(path).parent} does not exist; create it or "
+                            "pick another path")
     catalogue = load_catalogue(args.catalogue)
     progress = not args.no_progress and sys.stderr.isatty()
     profile = load_or_profile(args.model, progress=progress)

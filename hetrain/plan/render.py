@@ -1,13 +1,64 @@
 """Plan output: a text table, a JSON document, and a PNG diagram of the stages."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .base import PlanResult, Problem
 
 PLAN_FORMAT = "hetrain.plan/1"
+
+
+class PlanStage(BaseModel):
+    """One stage of a plan file, as the runtime reads it (other keys are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    layers: tuple[int, int] = Field(description="first layer and one past the last")
+    type: str
+    kind: str = ""
+    instances: int = Field(ge=1)
+    layer_names: list[str] | None = None
+
+    @field_validator("layers")
+    @classmethod
+    def _ordered(cls, v):
+        if not 0 <= v[0] < v[1]:
+            raise ValueError(f"must be [first, end) with 0 <= first < end, got {list(v)}")
+        return v
+
+
+class PlanFile(BaseModel):
+    """The fields of a plan JSON that `hetrain train --plan` needs."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["hetrain.plan/1"]
+    feasible: bool
+    reason: str = ""
+    target: float = Field(gt=0)
+    batch_size: int = Field(default=1024, ge=1)
+    stages: list[PlanStage] = Field(min_length=1)
+
+    @field_validator("target")
+    @classmethod
+    def _finite(cls, v):
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of samples/s")
+        return v
+
+
+def validate_plan(data: dict, source: str = "plan") -> dict:
+    """The plan with its fields checked (UserError naming each bad field)."""
+    from ..errors import UserError
+    from ..fileio import format_validation_error
+
+    try:
+        return PlanFile.model_validate(data).model_dump()
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, f"invalid plan {source}:", "docs/placement.md")) from None
 
 
 def plan_to_dict(problem: Problem, result: PlanResult, model: str = "", catalogue: str = "") -> dict:

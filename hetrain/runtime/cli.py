@@ -101,7 +101,7 @@ def _cmd_launch(args) -> int:
 def _cmd_demo(args) -> int:
     from .launcher import launch
 
-    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs)]
+    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
     return launch(_launch_config(args, argv))
 
 
@@ -131,6 +131,8 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
     _add_job_flags(d)
     d.add_argument("--epochs", type=int, default=10)
+    d.add_argument("--balance", choices=["measured", "equal"], default="measured",
+                   help="batch shares: follow each worker's measured samples/s (default) or equal, to compare")
     d.set_defaults(func=_cmd_demo)
 
     n = sub.add_parser("netns", help="emulated-network housekeeping")

@@ -33,6 +33,20 @@ def test_balanced_overlapped_update_equals_single_process(launch, tmp_path):
         got = torch.load(out / f"rank{r}.pt")
         for name, want in ref.items():
             torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
+    # emulated devices, end to end: each process ran at its machine's speed from the cluster
+    # file, and a step of b samples took at least b * cost / speed (the sleep makes up the rest)
+    for r, speed in enumerate([1.0, 0.5, 0.25]):
+        run = torch.load(out / f"rank{r}.pt")
+        samples, speeds, compute_s, sleep_s = run["compute"].T
+        assert torch.all(speeds == speed), (r, speeds)
+        assert torch.all(compute_s >= samples * run["cost"] / speed), (r, run["compute"])
+        # overlap hid communication: every step's partitions were on the wire before step()
+        # was called (hidden > 0), and they stayed in flight through the emulated compute
+        # that follows backward (transfers are posted from the gradient hooks, the device's
+        # sleep comes after), so the hidden time covers most of that sleep
+        hidden = run["hidden_s"]
+        assert len(hidden) == len(samples) and torch.all(hidden > 0), (r, hidden)
+        assert hidden.sum() >= 0.5 * sleep_s.sum() > 0, (r, hidden, sleep_s)
     sizes = got["sizes"]
     assert torch.all(sizes.sum(1) == 24)
     # after a few measured steps the shares follow speed 1 : 0.5 : 0.25 (ideal 13.7, 6.9, 3.4)

@@ -11,7 +11,7 @@ from hetrain.models.ctr import CTRModel
 from hetrain.plan.catalogue import CatalogueError, gavel_speed_ratios, load_catalogue, parse_catalogue
 from hetrain.plan.profile import ModelProfile, ProfileError, load_or_profile, parse_profile, profile_model
 
-GAVEL = Path(__file__).resolve().parents[3] / "shared" / "data" / "gavel" / "simulation_throughputs.json"
+GAVEL = Path(__file__).resolve().parents[2] / "hetrain" / "data" / "gavel" / "simulation_throughputs.json"
 
 
 def small_ctr():
@@ -92,7 +92,7 @@ def test_builtin_catalogues_load():
         assert cat.source
 
 
-@pytest.mark.skipif(not GAVEL.is_file(), reason="shared/data/gavel is not beside this checkout")
+@pytest.mark.skipif(not GAVEL.is_file(), reason="Gavel's simulation_throughputs.json is not in hetrain/data/gavel")
 def test_catalogue_gpu_speeds_follow_gavel_measurements():
     ratios = gavel_speed_ratios(GAVEL)
     cat = load_catalogue("gcp")
