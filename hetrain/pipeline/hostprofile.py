@@ -6,10 +6,12 @@ CTR model *as the runtime runs it*: pipeline/stage.py's `StageCompute` (the code
 stage processes run), on micro-batches of the run's size, on the CPU with the CPU type's
 threads and cores, or on the GPU; embedding lookups pull their rows from an in-process
 shard (`ShardState`, the shards' own code; the network hop is in the link time below).
-Each measurement is a warm-up, then `runs` forward+backward passes back to back with
-one device synchronisation at the end (the pipeline runs micro-batches back to back; a
-synchronisation per pass would charge a GPU with the launch latency it hides in the
-run), the best of `repeats` (the host is shared: noise only adds time). Consecutive
+Each measurement is a warm-up, then `runs` forward+backward passes back to back over a
+few different micro-batches of the stream, with one device synchronisation at the end
+(the pipeline runs micro-batches back to back; a synchronisation per pass would charge
+a GPU with the launch latency it hides in the run), the median of `repeats`.
+`stage_loop_time` times the whole model as one stage with the runtime's step loop (no
+messages), to set beside the profile's sum. Consecutive
 embedding layers are timed together and share the time evenly, since a stage pulls the
 rows of all its tables at once. The first layer is also charged the data generation of
 its micro-batch (the first stage generates its data; `CTRData` on the CPU).
@@ -30,6 +32,7 @@ import contextlib
 import os
 import platform
 import socket
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ import torch
 
 from ..plan.catalogue import Catalogue, parse_catalogue
 from ..plan.profile import ModelProfile
-from .data import CTRData, CTRDataConfig
+from .data import CTRData, CTRDataConfig, MicroBatchLoader
 from .messages import wire_for
 from .sparse_ps import ShardLayout, ShardState, SparseOptim
 from .stage import LocalRows, StageCompute
@@ -54,16 +57,16 @@ CPU_PRICE_PER_THREAD = 0.68 / 16
 
 
 @contextlib.contextmanager
-def _cpu_threads(threads: int | None):
-    """Run with `threads` torch threads pinned to as many cores (as a CPU type's process
-    is, `threads: N`), then restore."""
+def _cpu_threads(threads: int | None, pin: bool = True):
+    """Run with `threads` torch threads, pinned to as many cores (as a CPU type's process
+    is, `threads: N`) or not (a GPU stage's process: one thread, unpinned), then restore."""
     if not threads:
         yield
         return
     old_n = torch.get_num_threads()
     old_aff = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
-        if old_aff is not None and len(old_aff) >= threads:
+        if pin and old_aff is not None and len(old_aff) >= threads:
             os.sched_setaffinity(0, sorted(old_aff)[:threads])
         torch.set_num_threads(threads)
         yield
@@ -99,12 +102,16 @@ def data_time_per_sample(data: CTRData, micro_batch: int, batches: int = 8) -> f
     return (time.perf_counter() - t0) / (batches * micro_batch)
 
 
-def runtime_layer_times(device: torch.device | str, micro_batch: int, threads: int | None = None, runs: int = 10,
-                        repeats: int = 3, cfg: CTRModelConfig = CTRModelConfig(),
+def runtime_layer_times(device: torch.device | str, micro_batch: int, threads: int | None = None, runs: int = 12,
+                        repeats: int = 3, distinct: int = 4, cfg: CTRModelConfig = CTRModelConfig(),
                         data_cfg: CTRDataConfig = CTRDataConfig()) -> tuple[float, ...]:
-    """Forward+backward seconds per sample of every layer, run as the runtime runs it."""
+    """Forward+backward seconds per sample of every layer, run as the runtime runs it:
+    `runs` passes back to back over `distinct` different micro-batches of the stream
+    (fresh rows and activations, not one cache-hot batch), one synchronisation at the
+    end; the median of `repeats` such timings."""
     device = torch.device(device)
-    with _cpu_threads(threads if device.type == "cpu" else None):
+    # a CPU type's process: `threads` pinned cores; a GPU stage's: one thread, unpinned (as the worker runs)
+    with _cpu_threads(threads or 1, pin=device.type == "cpu" and bool(threads)):
         wire = wire_for(device, "profiling")
         model = cfg.build()
         model.train()
@@ -113,36 +120,78 @@ def runtime_layer_times(device: torch.device | str, micro_batch: int, threads: i
         shard = ShardState(full.clone(), SparseOptim())
         data = CTRData(data_cfg)
         t_data = data_time_per_sample(data, micro_batch)
-        dense, ids, _ = data.samples(0, micro_batch)
-        state = [wire.from_cpu(dense), wire.from_cpu(ids)]
+        states = []
+        for k in range(distinct):
+            dense, ids, _ = data.samples(k * micro_batch, micro_batch)
+            states.append([wire.from_cpu(dense), wire.from_cpu(ids)])
         times = [0.0] * len(model.layers)
         for a, b in _segments(model):
             stage = StageCompute(model, a, b, layout, wire, LocalRows(shard))
-            inputs = [t.detach().requires_grad_(t.is_floating_point() and a > 0) for t in state]
+            inputs = [[t.detach().requires_grad_(t.is_floating_point() and a > 0) for t in st] for st in states]
 
-            def once():
-                out, pulled = stage.forward(inputs, 0)
+            def once(k: int):
+                out, pulled = stage.forward(inputs[k], 0)
                 fl = [o for o in out if o.is_floating_point() and o.requires_grad]
                 if fl:
                     torch.autograd.backward(fl, [torch.ones_like(o) for o in fl])
                 stage.push(pulled, 0)
                 return out
 
-            for _ in range(2):
-                out = once()
+            for k in range(distinct):  # warm-up, and the next segment's inputs
+                states[k] = [o.detach() for o in once(k)]
             _sync(device)
-            best = float("inf")
+            runs_s = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                for _ in range(runs):
-                    once()
+                for r in range(runs):
+                    once(r % distinct)
                 _sync(device)
-                best = min(best, (time.perf_counter() - t0) / runs)
+                runs_s.append((time.perf_counter() - t0) / runs)
             for layer in range(a, b):
-                times[layer] = best / micro_batch / (b - a)
-            state = [o.detach() for o in out]
+                times[layer] = statistics.median(runs_s) / micro_batch / (b - a)
         times[0] += t_data
     return tuple(max(t, 1e-12) for t in times)
+
+
+def stage_loop_time(device: torch.device | str, micro_batch: int, threads: int | None = None, steps: int = 3,
+                    micro_batches: int = 8, cfg: CTRModelConfig = CTRModelConfig(),
+                    data_cfg: CTRDataConfig = CTRDataConfig()) -> float:
+    """Seconds per sample of the whole model as one stage in one process, the runtime's
+    step loop without its messages (data, pulls from an in-process shard, forward, loss,
+    backward, pushes; the shard's update and the optimizer step per step): set beside
+    the profile's sum, it says how much of a gap to the prediction the per-layer profile
+    explains, and how much the messages and processes of a run add."""
+    device = torch.device(device)
+    # a CPU type's process: `threads` pinned cores; a GPU stage's: one thread, unpinned (as the worker runs)
+    with _cpu_threads(threads or 1, pin=device.type == "cpu" and bool(threads)):
+        wire = wire_for(device, "profiling")
+        model = cfg.build()
+        model.train()
+        layout = ShardLayout([cfg.rows] * cfg.n_tables, 1)
+        full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
+        shard = ShardState(full.clone(), SparseOptim())
+        stage = StageCompute(model, 0, len(model.layers), layout, wire, LocalRows(shard))
+        opt = torch.optim.Adagrad(stage.params, lr=0.05)
+        batch = micro_batch * micro_batches
+        loader = MicroBatchLoader(CTRData(data_cfg), batch, [micro_batch] * micro_batches)
+
+        def step(s: int) -> None:
+            for i in range(micro_batches):
+                dense, ids, label = (wire.from_cpu(t) for t in loader.get(s, i))
+                out, pulled = stage.forward([dense, ids], s)
+                (model.loss(out[0], label) * (micro_batch / batch)).backward()
+                stage.push(pulled, s)
+            shard.apply()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step(0)  # warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        for s in range(1, steps + 1):
+            step(s)
+        _sync(device)
+        return (time.perf_counter() - t0) / (steps * batch)
 
 
 @dataclass(frozen=True)

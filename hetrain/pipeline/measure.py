@@ -32,7 +32,7 @@ from ..plan.exact import max_throughput
 from ..plan.render import plan_to_dict
 from .cli import run_plan
 from .data import CTRData
-from .hostprofile import HostDevices, host_catalogue, host_devices, link_bandwidth, real_profile
+from .hostprofile import HostDevices, host_catalogue, host_devices, link_bandwidth, real_profile, stage_loop_time
 from .reference import assemble, evaluate_auc, train_single
 from .spec import RunSpec
 
@@ -62,13 +62,15 @@ def measure_real(*, target: float | None = None, batch: int = 65536, micro_batch
     log(f"profiling the runtime's CTR model at micro-batches of {m} on {dev.gpu_name} and on CPU workers of "
         f"{dev.cpu_threads} threads ...")
     profile = real_profile(dev, m, gpu_device="cpu" if cpu_dry_run else "cuda")
+    gpu_dev = "cpu" if cpu_dry_run else "cuda"
+    # the whole model as one in-process stage (no messages) beside the profile's sum
+    check = {dev.cpu_type: stage_loop_time("cpu", m, dev.cpu_threads), dev.gpu_type: stage_loop_time(gpu_dev, m)}
     act = max(l.act_bytes for l in profile.layers[:-1])  # the largest cut's activations per sample
     bandwidth = link_bandwidth(int(act * m))
     catalogue = host_catalogue(dev, bandwidth, gpu_price)
     cat_path, prof_path, dev_path = work / "catalogue.yaml", work / "profile.json", work / "devices.yaml"
     cat_path.write_text(yaml.safe_dump(catalogue.model_dump(mode="json"), sort_keys=False))
     profile.save(prof_path)
-    gpu_dev = "cpu" if cpu_dry_run else "cuda"
     dev_path.write_text(yaml.safe_dump({"types": {dev.gpu_type: {"device": gpu_dev},
                                                   dev.cpu_type: {"device": "cpu", "threads": dev.cpu_threads}}}))
     w = profile.workload(catalogue)
@@ -83,6 +85,8 @@ def measure_real(*, target: float | None = None, batch: int = 65536, micro_batch
     out: dict = {"host": {"gpu": dev.gpu_name, "cpu_threads": dev.cpu_threads, "cpu_workers": dev.cpu_count,
                           "dry_run": cpu_dry_run},
                  "catalogue": catalogue.model_dump(mode="json"), "profile": profile.model_dump(mode="json"),
+                 "profile_check": {t: {"profile_sum_s": float(sum(profile.measured[t])), "stage_loop_s": v}
+                                   for t, v in check.items()},
                  "link_bytes_per_s": bandwidth, "target": target, "best_reachable_sps": best, "batch": batch,
                  "micro_batches": micro_batches, "steps": steps, "warmup_steps": warmup_steps, "repeats": repeats,
                  "work_dir": str(work)}
@@ -145,6 +149,9 @@ def table(res: dict) -> str:
         lines.append(f"{label:<8} {' '.join(c['stages']):<34} {c['measured_sps']:>10,.0f} {c['predicted_sps']:>10,.0f} "
                      f"{c['error'] * 100:>+6.1f}% {c['price_per_hour']:>7.2f} {c['measured_cost_per_million']:>9.4f} "
                      f"{c['predicted_cost_per_million']:>9.4f}")
+    for t, c in res.get("profile_check", {}).items():
+        lines.append(f"profile check, {t}: layers' sum {c['profile_sum_s'] * 1e6:.2f} us/sample, the whole model as one "
+                     f"in-process stage {c['stage_loop_s'] * 1e6:.2f} us/sample")
     if "auc" in res:
         a = res["auc"]
         lines.append(f"AUC after {a['samples']:,} samples: pipeline {a['pipeline']:.4f}, one process {a['single']:.4f} "

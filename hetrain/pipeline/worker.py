@@ -147,6 +147,11 @@ def _maybe_fail(spec: RunSpec, rank: int, done: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# micro-batches whose embedding rows the first stage pulls ahead of the one it computes
+# (a shard's answer then has the time of two micro-batches' compute to arrive)
+PULL_AHEAD = 2
+
+
 def _cpu(obj):
     """A state dict with every tensor on the host (checkpoints load anywhere)."""
     if isinstance(obj, torch.Tensor):
@@ -232,7 +237,7 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
         saved, sends = {}, []
         pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
         step_loss = torch.zeros((), device=wire.device)
-        ahead: dict = {}  # first stage: the next micro-batch, read and its rows' pull posted
+        ahead: dict = {}  # first stage: the next micro-batches, read and their rows' pulls posted
 
         def read(i: int):
             dense, ids, label = (wire.from_cpu(t) for t in loader.get(step, i))
@@ -245,8 +250,9 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
             if s == 0:  # reading data: the next micro-batch is always ready
                 pacer.begin(0.0)
                 inputs, label, prepared = ahead.pop(i) if i in ahead else read(i)
-                if n_i + 1 < len(mine):  # its rows arrive while this one computes
-                    ahead[mine[n_i + 1]] = read(mine[n_i + 1])
+                for j in mine[n_i + 1: n_i + 1 + PULL_AHEAD]:  # their rows arrive while this one computes
+                    if j not in ahead:
+                        ahead[j] = read(j)
             else:
                 got = receive(prev[i % len(prev)], i, "activations")
                 label, inputs = got[-1], got[:-1]

@@ -4,7 +4,7 @@ import numpy as np
 
 from hetrain.perf.pipeline import CostParams
 from hetrain.pipeline.hostprofile import (HostDevices, gpu_price, host_catalogue, link_bandwidth, real_profile,
-                                          runtime_layer_times)
+                                          runtime_layer_times, stage_loop_time)
 from hetrain.plan.base import Problem, get_planner
 
 
@@ -12,6 +12,7 @@ def test_profile_catalogue_and_plan_of_this_host():
     dev = HostDevices("gpu", "NVIDIA H100 80GB HBM3", 80 * 2**30, "cpu1t", 1, 2, 8 * 2**30)
     times = runtime_layer_times("cpu", 64, threads=1, runs=2, repeats=1)
     assert len(times) == 14 and all(t > 0 for t in times)
+    assert stage_loop_time("cpu", 64, threads=1, steps=1, micro_batches=2) > 0
     prof = real_profile(dev, 64, gpu_device="cpu", runs=2, repeats=1)
     assert set(prof.measured) == {"gpu", "cpu1t"} and prof.batch == 64
     assert [l.time_s for l in prof.layers] == list(prof.measured["cpu1t"])  # the CPU type is the reference
