@@ -162,7 +162,11 @@ class SparseClient:
 
     def pull(self, keys: torch.Tensor, step: int) -> torch.Tensor:
         """Rows for distinct ``keys`` (int64, 1-D), gathered from their shards."""
-        out = torch.empty(keys.numel(), self.dim)
+        return self.wait(self.start(keys, step))
+
+    def start(self, keys: torch.Tensor, step: int):
+        """Post the pull of ``keys``' rows and return at once (`wait` collects them), so a
+        stage can compute while its next micro-batch's rows are on their way."""
         parts = self.layout.split(keys)
         works, bufs = [], []
         for j, (pos, local) in enumerate(parts):
@@ -171,9 +175,19 @@ class SparseClient:
             r = self.ranks[j]
             h = _hdr(PULL, step, local.numel())
             buf = torch.empty(local.numel(), self.dim)
-            works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            try:  # gloo raises at once on a connection it already knows is broken
+                works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            except RuntimeError as err:
+                if self.on_error is None:
+                    raise
+                raise self.on_error("pulling embedding rows", [r], err) from None
             bufs.append((pos, buf, h, local))
+        return keys.numel(), works, bufs
+
+    def wait(self, pending) -> torch.Tensor:
+        n, works, bufs = pending
         self._wait(works, "pulling embedding rows", self.ranks)
+        out = torch.empty(n, self.dim)
         for pos, buf, _, _ in bufs:
             out[pos] = buf
         return out

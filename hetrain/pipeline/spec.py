@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .data import CTRDataConfig
+from .devicemap import StageDevice
 from .sparse_ps import SparseOptim
 from .workload import CTRModelConfig
 
@@ -23,12 +24,17 @@ class StageSpec:
     instances: int
     time_per_sample_s: float    # cost model: compute + activation transfer, one instance
     allreduce_s: float          # cost model: ring all-reduce of the stage's dense params per step
+    device: StageDevice = "emulated"  # what computes: pipeline/devicemap.py
+    threads: int = 0            # real CPU devices: cores of its own per replica (0: unpinned, one thread)
+    memory_bytes: float = 0.0   # cost model: what one replica keeps (dense state + stored activations)
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
             raise UserError(f"stage layers {self.start}..{self.end - 1} are empty; fix the plan's `layers`")
         if self.instances < 1:
             raise UserError(f"stage on {self.type} has {self.instances} instances; the plan must give each stage >= 1")
+        if self.device not in ("emulated", "cpu", "cuda"):
+            raise UserError(f"stage on {self.type}: device must be emulated, cpu or cuda, got {self.device!r}")
 
 
 @dataclass(frozen=True)
