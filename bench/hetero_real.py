@@ -30,7 +30,12 @@ compute spread = median over measured steps of the slowest worker's compute / th
 fastest's (workers with samples). Targets: mixed >= 0.85 of ideal (goal 0.95), spread
 <= 1.10 (goal 1.05).
 
-HeterPS on real devices: a separate section (`--heterps`), not measured yet; it says so.
+(b)+(c) HeterPS on real devices (`hetrain.pipeline.measure.measure_real`, the same
+measurement as `bench/heterps.py --real`): the runtime's CTR model profiled on this
+host's GPU and CPU workers, the exact plan for half the best reachable throughput run
+for real beside the all-GPU and all-CPU plans (measured vs predicted samples/s and $ per
+1M samples), and the pipeline's AUC beside one process on the same samples. On by
+default; `--no-heterps` skips it.
 
 `--cpu-dry-run` runs the same flow with the "GPU" worker on the CPU, at toy sizes, to
 check the orchestration on a host without CUDA; its figures are not results.
@@ -49,8 +54,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-HETERPS_NOTE = ("HeterPS on real devices: not measured yet (layer placement over this host's GPU and CPU "
-                "workers; to be added to this benchmark)")
 
 
 # ---------------------------------------------------------------- the worker (launched) --
@@ -352,7 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--min-step-s", type=float, default=0.002, help="shortest balanced step to consider (seconds)")
     ap.add_argument("--max-step-s", type=float, default=3.0, help="longest balanced step to consider (seconds)")
     ap.add_argument("--max-batch", type=int, default=262144)
-    ap.add_argument("--heterps", action="store_true", help="the HeterPS-on-real-devices section (not measured yet)")
+    ap.add_argument("--no-heterps", dest="heterps", action="store_false",
+                    help="skip HeterPS on real devices (exact vs all-GPU vs all-CPU plans, AUC vs one process)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="no GPU: run the flow with the GPU worker on the CPU at toy sizes (not results)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -369,7 +373,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    out: dict = {"heterps": {"status": "not measured", "note": HETERPS_NOTE}}
+    out: dict = {}
     if not torch.cuda.is_available() and not a.cpu_dry_run:
         reason = "hetero_real: needs CUDA (torch.cuda.is_available() is False on this host); nothing measured"
         print(reason)
@@ -414,7 +418,7 @@ def main(argv=None) -> int:
         out["note"] = "CPU dry run: the 'GPU' worker ran on the CPU at toy sizes; these figures are not results"
         print(out["note"])
     if a.heterps:
-        print(HETERPS_NOTE)
+        _heterps(out, a)
     png = Path(a.png) if a.png else (Path(a.json).with_name(Path(a.json).stem + "_shares.png") if a.json
                                      else Path("hetero_real_shares.png"))
     _png(png, res)
@@ -423,6 +427,25 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps(out, indent=2))
         print(f"wrote {a.json}")
     return 0
+
+
+def _heterps(out: dict, a) -> None:
+    """HeterPS on this host's real devices, through the runtime's own measurement."""
+    from hetrain.pipeline.measure import measure_real, table
+
+    res = measure_real(cpu_threads=a.threads, cpu_dry_run=a.cpu_dry_run,
+                       **({"batch": 4096, "micro_batches": 8, "steps": 3, "repeats": 1} if a.cpu_dry_run else {}))
+    print(table(res))
+    if "skipped" in res:
+        out["heterps"] = {"skipped": res["skipped"]}
+        return
+    exact = res.get("heterps", {})
+    out["heterps"] = {"measured_sps": exact.get("measured_sps"), "predicted_sps": exact.get("predicted_sps"),
+                      "error": exact.get("error"), "plans": {k: res[k] for k in ("heterps", "all_gpu", "all_cpu")
+                                                              if k in res},
+                      "target": res["target"], "profile_check": res["profile_check"], "host": res["host"]}
+    if "auc" in res:
+        out["auc"] = res["auc"]
 
 
 if __name__ == "__main__":
