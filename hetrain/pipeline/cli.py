@@ -56,7 +56,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     from ..cluster.units import parse_size
     from ..perf.comm import ring_allreduce_time
     from ..perf.pipeline import CostParams, evaluate
-    from ..plan.catalogue import load_catalogue
+    from ..plan.catalogue import check_plan, load_catalogue
     from ..plan.profile import ModelProfile
     from .sparse_ps import shards_needed
     from .spec import RunSpec, StageSpec, lcm_micro_batches
@@ -68,6 +68,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
 
     plan = validate_plan(plan, "file")
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
+    check_plan(plan, catalogue, catalogue_path or "the emulated HeterPS catalogue")
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
     if profile.model != MODEL_NAME:
         raise UserError(f"the runtime trains the {MODEL_NAME!r} model; the profile is for {profile.model!r}")
@@ -95,7 +96,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
         stages.append(StageSpec(sc.start, sc.end, st["type"], st.get("kind", ""), sc.instances,
                                 float(sc.time_per_sample), ring_allreduce_time(pd, sc.instances, float(w.bandwidth[sc.rtype]))))
     cfg = CTRModelConfig()
-    sparse_types = [catalogue.types[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]
+    sparse_types = [catalogue.kinds[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]
     try:
         cap = parse_size(opts.pop("ps_memory")) if opts.get("ps_memory") else min(t.memory for t in sparse_types)
     except ValueError as err:
@@ -110,17 +111,20 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
 def cluster_for(spec, catalogue) -> dict:
     """One worker machine per process: stage replicas on their plan type, shards as CPU
     processes co-located with the embedding stage (the cost model shards the tables over
-    that stage's instances, so they add no price)."""
+    that stage's instances, so they add no price). The kinds the stages use are described
+    as the catalogue describes them."""
     machines = []
     for s, st in enumerate(spec.stages):
-        t = catalogue.types[catalogue.index(st.type)]
+        t = catalogue.kind(st.type)
         for r in range(st.instances):
             machines.append({"name": f"s{s}r{r}", "role": "worker",
                              "device": {"kind": st.type, "speed": 1.0, "memory": t.memory},
                              "bandwidth": t.bandwidth})
     for j in range(spec.ps_shards):
         machines.append({"name": f"ps{j}", "role": "worker", "device": {"kind": "cpu-ps", "speed": 1.0}})
-    return {"name": "heterps", "machines": machines, "network": {"emulate": "none"}}
+    kinds = [catalogue.kind(n).to_file() for n in dict.fromkeys(st.type for st in spec.stages)]
+    kinds.append({"name": "cpu-ps", "class": "cpu", "note": "a sparse parameter-server shard"})
+    return {"name": "heterps", "kinds": kinds, "machines": machines, "network": {"emulate": "none"}}
 
 
 def measured_throughput(spec, metrics: list[dict]) -> float:
