@@ -68,7 +68,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
 
     plan = validate_plan(plan, "file")
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
-    check_plan(plan, catalogue, catalogue_path or "the emulated HeterPS catalogue")
+    check_plan(plan, catalogue, catalogue_path or CATALOGUE)
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
     if profile.model != MODEL_NAME:
         raise UserError(f"the runtime trains the {MODEL_NAME!r} model; the profile is for {profile.model!r}")

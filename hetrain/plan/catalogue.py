@@ -115,7 +115,8 @@ def check_plan(plan: dict, hardware: Inventory, hardware_source: str, plan_sourc
         which = f"stage{'s' if len(stages[name]) > 1 else ''} {', '.join(map(str, stages[name]))}"
         have = hardware.count(name)
         if have == 0:
-            problems.append(f"{which} run{'' if len(stages[name]) > 1 else 's'} on {name!r}, of which it has none")
+            problems.append(f"{which} run{'' if len(stages[name]) > 1 else 's'} on {name!r}, but there is no "
+                            f"resource type {name!r}")
         elif have < n:
             problems.append(f"{which} need{'' if len(stages[name]) > 1 else 's'} {n} x {name!r}, it has {have}")
         else:
@@ -127,8 +128,8 @@ def check_plan(plan: dict, hardware: Inventory, hardware_source: str, plan_sourc
     if problems:
         raise PlanFitError(
             f"{plan_source} does not fit {hardware_source} ({hardware.describe()}): {'; '.join(problems)}. "
-            f"Make the plan for this hardware (hetrain plan --catalogue {hardware_source} ...), or give the "
-            f"cluster machines of the kinds the plan names (`device: {{kind: NAME}}`)")
+            f"Make the plan for this hardware (hetrain plan --catalogue {hardware_source} ...), or add what the "
+            f"plan names (a catalogue's `types:`; a cluster file's machines, `device: {{kind: NAME}}`)")
 
 
 def gavel_speed_ratios(path: str | Path) -> dict[str, dict[str, float]]:
