@@ -260,7 +260,7 @@ def parse_pools(text: str, name: str | None = None, error: type[HardwareError] =
     for item in filter(None, (p.strip() for p in text.split(","))):
         kind, sep, count = item.rpartition(":")
         if not sep or not kind.strip() or not count.strip().isdigit():
-            raise error(f"bad pool {item!r} in {text!r}; write TYPE:COUNT (a device kind and how many), "
+            raise error(f"bad cluster pool {item!r} in {text!r}; write TYPE:COUNT (a device kind and how many), "
                         "e.g. v100:8,k80:4")
         pairs.append((kind.strip().lower(), int(count)))
     if not pairs:

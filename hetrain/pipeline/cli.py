@@ -26,7 +26,9 @@ def register(subparsers) -> None:
                     "sparse parameter server on the emulated cluster; print measured vs predicted samples/s.")
     p.add_argument("--plan", required=True, help="plan JSON written by `hetrain plan --out`")
     p.add_argument("--catalogue", default=None,
-                   help="catalogue the plan was made with (default: hetrain/data/catalogue_heterps_emu.yaml, the emulated HeterPS cluster)")
+                   help="catalogue the plan was made with, or a cluster file whose `kinds:` describe its machines; "
+                        "a plan it cannot hold is refused before anything starts (default: "
+                        "hetrain/data/catalogue_heterps_emu.yaml, the emulated HeterPS cluster)")
     p.add_argument("--profile", default=None,
                    help="layer profile JSON the plan was made from (default: the built-in ctr-small profile)")
     p.add_argument("--steps", type=int, default=6, help="training steps of the plan's batch size (6)")
