@@ -26,7 +26,9 @@ def register(subparsers) -> None:
                     "sparse parameter server on the emulated cluster; print measured vs predicted samples/s.")
     p.add_argument("--plan", required=True, help="plan JSON written by `hetrain plan --out`")
     p.add_argument("--catalogue", default=None,
-                   help="catalogue the plan was made with (default: hetrain/data/catalogue_heterps_emu.yaml, the emulated HeterPS cluster)")
+                   help="catalogue the plan was made with, or a cluster file whose `kinds:` describe its machines; "
+                        "a plan it cannot hold is refused before anything starts (default: "
+                        "hetrain/data/catalogue_heterps_emu.yaml, the emulated HeterPS cluster)")
     p.add_argument("--profile", default=None,
                    help="layer profile JSON the plan was made from (default: the built-in ctr-small profile)")
     p.add_argument("--steps", type=int, default=6, help="training steps of the plan's batch size (6)")
@@ -64,7 +66,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     from ..perf.comm import ring_allreduce_time
     from ..perf.pipeline import CostParams, evaluate, stage_memory
     from .devicemap import load_device_map
-    from ..plan.catalogue import load_catalogue
+    from ..plan.catalogue import check_plan, load_catalogue
     from ..plan.profile import ModelProfile
     from .sparse_ps import shards_needed
     from .spec import RunSpec, StageSpec, lcm_micro_batches
@@ -76,6 +78,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
 
     plan = validate_plan(plan, "file")
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
+    check_plan(plan, catalogue, catalogue_path or CATALOGUE)
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
     if profile.model != MODEL_NAME:
         raise UserError(f"the runtime trains the {MODEL_NAME!r} model; the profile is for {profile.model!r}")
@@ -109,7 +112,7 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
                                 memory_bytes=stage_memory(pd, 0.0, stored, sc.instances, params)))
     opts["emulate"] = opts.get("emulate", True) and devmap.emulated  # real devices are never padded
     cfg = CTRModelConfig()
-    sparse_types = [catalogue.types[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]
+    sparse_types = [catalogue.kinds[sc.rtype] for sc in score.stages if w.sparse_param_bytes[sc.start:sc.end].sum() > 0]
     try:
         cap = parse_size(opts.pop("ps_memory")) if opts.get("ps_memory") else min(t.memory for t in sparse_types)
     except ValueError as err:
@@ -125,10 +128,11 @@ def cluster_for(spec, catalogue) -> dict:
     """One worker machine per process: stage replicas on their plan type (a real CUDA
     device where the stage's device is `cuda`, pinned cores where it has `threads`),
     shards as CPU processes co-located with the embedding stage (the cost model shards
-    the tables over that stage's instances, so they add no price)."""
+    the tables over that stage's instances, so they add no price). The kinds the stages
+    use are described as the catalogue describes them."""
     machines = []
     for s, st in enumerate(spec.stages):
-        t = catalogue.types[catalogue.index(st.type)]
+        t = catalogue.kind(st.type)
         for r in range(st.instances):
             m = {"name": f"s{s}r{r}", "role": "worker",
                  "device": {"kind": st.type, "speed": 1.0, "memory": t.memory, "cuda": st.device == "cuda"},
@@ -138,7 +142,9 @@ def cluster_for(spec, catalogue) -> dict:
             machines.append(m)
     for j in range(spec.ps_shards):
         machines.append({"name": f"ps{j}", "role": "worker", "device": {"kind": "cpu-ps", "speed": 1.0}})
-    return {"name": "heterps", "machines": machines, "network": {"emulate": "none"}}
+    kinds = [catalogue.kind(n).to_file() for n in dict.fromkeys(st.type for st in spec.stages)]
+    kinds.append({"name": "cpu-ps", "class": "cpu", "note": "a sparse parameter-server shard"})
+    return {"name": "heterps", "kinds": kinds, "machines": machines, "network": {"emulate": "none"}}
 
 
 def measured_throughput(spec, metrics: list[dict]) -> float:

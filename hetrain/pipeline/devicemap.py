@@ -91,8 +91,8 @@ def load_device_map(value: str, catalogue) -> DeviceMap:
     if value == "emulated":
         return DeviceMap()
     if value == "real":
-        return DeviceMap(types={t.name: TypeDevice(device="cuda" if t.kind == "gpu" else "cpu")
-                                for t in catalogue.types})
+        return DeviceMap(types={t.name: TypeDevice(device="cuda" if t.device_class == "gpu" else "cpu")
+                                for t in catalogue.kinds})
     if not Path(value).is_file():
         raise DeviceMapError(f"--devices {value!r}: write `emulated`, `real`, or the path of a YAML file mapping "
                              "plan types to devices (types: {NAME: cpu | cuda | {device: cpu, threads: N}})")

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.catalogue import Catalogue, parse_catalogue
+from ..cluster.hardware import Inventory
+from ..plan.catalogue import parse_catalogue
 from ..plan.profile import ModelProfile
 from .data import CTRData, CTRDataConfig, MicroBatchLoader
 from .messages import wire_for
@@ -261,7 +262,7 @@ def gpu_price(name: str) -> tuple[float, str]:
     return GPU_PRICES[DEFAULT_GPU], f"{name} is not in the price table: priced as one {DEFAULT_GPU} (AWS, 2023)"
 
 
-def host_catalogue(dev: HostDevices, bandwidth: float, gpu_price_per_hour: float | None = None) -> Catalogue:
+def host_catalogue(dev: HostDevices, bandwidth: float, gpu_price_per_hour: float | None = None) -> Inventory:
     """A catalogue of this host: its GPU (count 1) and CPU workers of N threads."""
     price, source = gpu_price(dev.gpu_name)
     if gpu_price_per_hour is not None:
@@ -270,10 +271,10 @@ def host_catalogue(dev: HostDevices, bandwidth: float, gpu_price_per_hour: float
         "name": f"host-{platform.node() or 'local'}",
         "source": f"GPU: {source}; CPU: c5.4xlarge ($0.68/h for 16 vCPU) per thread; bandwidth: TCP loopback, measured",
         "types": [
-            {"name": dev.gpu_type, "kind": "gpu", "note": f"this host's {dev.gpu_name}", "price_per_hour": price,
+            {"name": dev.gpu_type, "class": "gpu", "note": f"this host's {dev.gpu_name}", "price_per_hour": price,
              "count": 1, "memory": dev.gpu_memory, "bandwidth": bandwidth,
              "speed": {"dense": 1.0, "memory": 1.0, "sparse": 1.0}},
-            {"name": dev.cpu_type, "kind": "cpu", "note": f"a CPU worker of {dev.cpu_threads} threads on cores of its own",
+            {"name": dev.cpu_type, "class": "cpu", "note": f"a CPU worker of {dev.cpu_threads} threads on cores of its own",
              "price_per_hour": CPU_PRICE_PER_THREAD * dev.cpu_threads, "count": dev.cpu_count,
              "memory": dev.cpu_memory, "bandwidth": bandwidth, "speed": {"dense": 1.0, "memory": 1.0, "sparse": 1.0}},
         ],

@@ -69,7 +69,7 @@ def measure_real(*, target: float | None = None, batch: int = 65536, micro_batch
     bandwidth = link_bandwidth(int(act * m))
     catalogue = host_catalogue(dev, bandwidth, gpu_price)
     cat_path, prof_path, dev_path = work / "catalogue.yaml", work / "profile.json", work / "devices.yaml"
-    cat_path.write_text(yaml.safe_dump(catalogue.model_dump(mode="json"), sort_keys=False))
+    cat_path.write_text(yaml.safe_dump(catalogue.to_file(), sort_keys=False))
     profile.save(prof_path)
     dev_path.write_text(yaml.safe_dump({"types": {dev.gpu_type: {"device": gpu_dev},
                                                   dev.cpu_type: {"device": "cpu", "threads": dev.cpu_threads}}}))
@@ -84,7 +84,7 @@ def measure_real(*, target: float | None = None, batch: int = 65536, micro_batch
         f"{best:,.0f} samples/s; target {target:,.0f} samples/s")
     out: dict = {"host": {"gpu": dev.gpu_name, "cpu_threads": dev.cpu_threads, "cpu_workers": dev.cpu_count,
                           "dry_run": cpu_dry_run},
-                 "catalogue": catalogue.model_dump(mode="json"), "profile": profile.model_dump(mode="json"),
+                 "catalogue": catalogue.to_file(), "profile": profile.model_dump(mode="json"),
                  "profile_check": {t: {"profile_sum_s": float(sum(profile.measured[t])), "stage_loop_s": v}
                                    for t, v in check.items()},
                  "link_bytes_per_s": bandwidth, "target": target, "best_reachable_sps": best, "batch": batch,

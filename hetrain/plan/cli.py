@@ -16,7 +16,9 @@ def register(subparsers) -> None:
                     "target. Writes the plan as JSON and a PNG diagram.")
     p.add_argument("--model", required=True,
                    help="built-in model (ctr, cnn, transformer, transformer200) or a profile .json")
-    p.add_argument("--catalogue", required=True, help="catalogue YAML, or a built-in: aws, gcp")
+    p.add_argument("--catalogue", required=True,
+                   help="catalogue YAML, a built-in (aws, gcp), or a launcher cluster file whose `kinds:` describe "
+                        "its machines' device kinds (the plan then uses those machines)")
     p.add_argument("--throughput", required=True, type=float, help="target samples per second")
     p.add_argument("--planner", default="exact",
                    help="rl, exact, greedy, genetic, gpu (all on the cheapest GPU), cpu (default: exact)")

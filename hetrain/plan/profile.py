@@ -20,30 +20,24 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ..fileio import format_validation_error, read_structured
+from ..cluster.hardware import LAYER_KINDS, Inventory, LayerKind
+from ..fileio import Strict, read_structured, validate_file
 from ..errors import UserError
 from ..perf.pipeline import Workload
-from .catalogue import Catalogue
-
-Kind = Literal["dense", "memory", "sparse"]
+from .catalogue import cost_arrays
 
 
 class ProfileError(UserError):
     """A profile file that cannot be used."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LayerProfile(_Strict):
+class LayerProfile(Strict):
     name: str
-    kind: Kind
+    kind: LayerKind
     time_s: float = Field(gt=0, description="forward+backward seconds per sample on the host")
     act_bytes: float = Field(ge=0, description="bytes per sample sent to the next layer")
     stored_act_bytes: float = Field(ge=0, description="bytes per sample kept for backward")
@@ -51,7 +45,7 @@ class LayerProfile(_Strict):
     sparse_param_bytes: float = Field(ge=0)
 
 
-class ModelProfile(_Strict):
+class ModelProfile(Strict):
     model: str
     host: str = ""
     batch: int = Field(default=1, ge=1)
@@ -89,7 +83,7 @@ class ModelProfile(_Strict):
         under `speed:` in a catalogue."""
         times = self.devices[self._device(device)]
         out = {}
-        for kind in ("dense", "memory", "sparse"):
+        for kind in LAYER_KINDS:
             idx = [i for i, l in enumerate(self.layers) if l.kind == kind]
             if idx:
                 out[kind] = sum(self.layers[i].time_s for i in idx) / sum(times[i] for i in idx)
@@ -111,13 +105,14 @@ class ModelProfile(_Strict):
     def load(cls, path: str | Path) -> "ModelProfile":
         return parse_profile(read_structured(path, "profile file", ProfileError), str(path))
 
-    def workload(self, catalogue: Catalogue) -> Workload:
+    def workload(self, catalogue: Inventory) -> Workload:
         """Arrays for the cost model: host times scaled by each type's speed per kind,
-        or that type's measured times where the profile has them."""
-        L, R = self.n_layers, len(catalogue.types)
+        or that type's measured times where the profile has them. `catalogue`: an
+        inventory whose kinds are described for planning (`plan.catalogue.load_catalogue`)."""
+        L, R = self.n_layers, len(catalogue.kinds)
         host = np.array([l.time_s for l in self.layers])
         compute = np.empty((L, R))
-        for r, t in enumerate(catalogue.types):
+        for r, t in enumerate(catalogue.kinds):
             if t.name in self.measured:
                 compute[:, r] = self.measured[t.name]
             else:
@@ -126,23 +121,19 @@ class ModelProfile(_Strict):
         if unknown:
             raise ProfileError(f"profile has measured times for {unknown}, which the catalogue "
                                f"{catalogue.name!r} does not list ({list(catalogue.names)})")
-        arr = catalogue.arrays()
+        arr = cost_arrays(catalogue)
         return Workload(
             compute=compute,
             act_bytes=np.array([l.act_bytes for l in self.layers]),
             stored_act_bytes=np.array([l.stored_act_bytes for l in self.layers]),
             dense_param_bytes=np.array([l.dense_param_bytes for l in self.layers]),
             sparse_param_bytes=np.array([l.sparse_param_bytes for l in self.layers]),
-            type_names=catalogue.names, type_kinds=tuple(t.kind for t in catalogue.types), layer_names=tuple(l.name for l in self.layers), **arr)
+            type_names=catalogue.names, type_kinds=tuple(k.device_class for k in catalogue.kinds), layer_names=tuple(l.name for l in self.layers), **arr)
 
 
 def parse_profile(data: object, source: str = "<dict>") -> ModelProfile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"invalid profile {source}: expected a JSON object with a `layers` list")
-    try:
-        return ModelProfile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(format_validation_error(err, f"invalid profile {source}:", "docs/placement.md")) from None
+    return validate_file(ModelProfile, data, what="profile", source=source, docs="docs/placement.md",
+                         error=ProfileError, expected="a JSON object with a `layers` list")
 
 
 def _nbytes(tensors) -> int:

@@ -7,8 +7,9 @@ the rendezvous store (hosted by this driver, bound to its cluster address only),
 job secret, the environment of every process (`launcher.process_env`), streaming the
 output with rank prefixes, stop requests (SIGUSR1) and failure handling.
 
-One bundle per machine of the cluster file: a worker machine whose device is not
-`cpu` gets a GPU bundle (`gpu_resource`, 1, plus a sliver of the GPU-type resource
+One bundle per machine of the cluster file: a worker machine whose device kind is of
+class gpu (`ClusterSpec.kind_of`: as the file's `kinds:` describe it; a kind described
+nowhere is a GPU unless it is named `cpu`) gets a GPU bundle (`gpu_resource`, 1, plus a sliver of the GPU-type resource
 `accelerator_type:<KIND>` where the Ray cluster has one, so `kind: v100` lands on a
 V100 node), and every bundle gets `cpus_per_process` CPUs for each process of the
 machine (its worker and its co-located summation server); a CPU machine gets a CPU
@@ -91,10 +92,15 @@ def connect(address: str):
     return ray
 
 
-def gpu_type_of(machine) -> str | None:
-    """A worker's GPU type, from its device kind (`cpu`: a CPU worker, `gpu`: any GPU)."""
-    kind = machine.device.kind if machine.device else "cpu"
-    return None if kind in ("cpu", "gpu") else kind
+def uses_gpu(cluster: ClusterSpec, machine) -> bool:
+    """Whether a machine's process needs a GPU of Ray: a worker whose kind is a GPU kind."""
+    return machine.role == "worker" and cluster.kind_of(machine).device_class == "gpu"
+
+
+def gpu_type_of(cluster: ClusterSpec, machine) -> str | None:
+    """A GPU worker's GPU type: its device kind's name (`gpu`: any GPU, no type)."""
+    kind = cluster.kind_of(machine)
+    return None if kind.device_class == "cpu" or kind.name == "gpu" else kind.name
 
 
 def machine_bundles(cluster: ClusterSpec, mode: str, opts: RayOptions,
@@ -110,9 +116,9 @@ def machine_bundles(cluster: ClusterSpec, mode: str, opts: RayOptions,
         b: dict[str, float] = {}
         if opts.cpus_per_process > 0:
             b["CPU"] = opts.cpus_per_process * nprocs
-        if m.role == "worker" and m.device.kind != "cpu":
+        if uses_gpu(cluster, m):
             b[opts.gpu_resource] = 1.0
-            kind = gpu_type_of(m)
+            kind = gpu_type_of(cluster, m)
             if kind:
                 marker = opts.gpu_type_resource.format(KIND=kind.upper(), kind=kind)
                 if marker not in cluster_resources:
@@ -366,7 +372,7 @@ class RayLauncher(Launcher):
         opts = {"num_cpus": self.opts.cpus_per_process, "max_restarts": 0,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=self.bundle_of[p.machine.name])}
-        if p.role == "worker" and p.machine.device.kind != "cpu":
+        if uses_gpu(self.cfg.cluster, p.machine):
             if self.opts.gpu_resource == "GPU":
                 opts["num_gpus"] = 1  # Ray then sets CUDA_VISIBLE_DEVICES for the process
             else:

@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     src.add_argument("--trace", help="Gavel/Philly trace file (tab-separated, one job a line), or the name of a shipped trace (e.g. 6214e9)")
     src.add_argument("--pattern", help="synthetic arrivals: all-at-once, poisson, bursts[-short|-long|-mixed]")
     s.add_argument("--cluster", default="v100:8,p100:8,k80:8",
-                   help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file with `gpus:`")
+                   help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file: `gpus: {v100: 8}`, "
+                        "a launcher cluster file (its GPU machines by device kind) or a catalogue (its GPU types)")
     s.add_argument("--policy", default=DEFAULT_POLICY,
                    help="policy name, or several separated by commas (fifo, srtf, doubling, doubling-strict, optimal)")
     s.add_argument("--jobs", type=int, default=50, help="jobs in a synthetic pattern, or the first N of a trace")

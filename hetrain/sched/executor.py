@@ -38,9 +38,10 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from ..cluster.hardware import Inventory
 from ..errors import UserError
 from ..perf.jobs import JobFit, RingCurve, StepSample, fit_job, rate_table
-from .cluster import GpuCluster, parse_cluster_spec
+from .cluster import gpu_pools, parse_cluster_spec
 from .job import Alloc, Job, make_job
 from .policies import DEFAULT_POLICY, check_allocation, get_policy
 from .worker import EXIT_STOPPED
@@ -104,7 +105,7 @@ class Backend:
 LOCAL = Backend()
 
 
-def ray_gpu_pools(backend: Backend) -> GpuCluster:
+def ray_gpu_pools(backend: Backend) -> Inventory:
     """The GPU pools of a Ray cluster: GPUs per type, from each node's `gpu_resource` count
     and its `accelerator_type:<TYPE>` marker."""
     try:
@@ -125,7 +126,7 @@ def ray_gpu_pools(backend: Backend) -> GpuCluster:
     if not pools:
         raise UserError(f"the Ray cluster at {backend.address} has no typed GPUs: no node has both "
                         f"{backend.gpu_resource!r} and an accelerator_type:<TYPE> resource")
-    return GpuCluster(tuple(pools), tuple(pools.values()), name=f"ray:{backend.address}")
+    return gpu_pools(tuple(pools), tuple(pools.values()), name=f"ray:{backend.address}")
 
 
 def launch_job(job_dir: Path, world: int, worker_args: list[str], quiet: bool = True,
@@ -226,7 +227,7 @@ def measured_step_times(runs: Sequence[_Run], types: Sequence[str]) -> list[dict
 
 # ---- the executor ----------------------------------------------------------------------
 
-def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir: str | Path,
+def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: str | Path,
                  backend: Backend = LOCAL, speeds: dict[str, float] | None = None, restart_cost: float = 3.0,
                  poll_s: float = 0.05, timeout_s: float = 300.0, log=print) -> dict:
     """Run the jobs for real; returns JCTs, restarts, measured costs, fits and decision overheads.
@@ -235,8 +236,8 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
     """
     pol = get_policy(policy) if isinstance(policy, str) else policy
     policy = getattr(pol, "policy_name", getattr(pol, "__name__", str(policy)))
-    speeds = {t: 1.0 for t in cluster.types} | dict(speeds or {})
-    if any(not speeds[t] > 0 for t in cluster.types):
+    speeds = {t: 1.0 for t in cluster.names} | dict(speeds or {})
+    if any(not speeds[t] > 0 for t in cluster.names):
         raise UserError(f"emulated GPU speeds must be > 0, got {speeds}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +249,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
         d.mkdir(parents=True, exist_ok=True)
         for f in ("checkpoint.pt", "progress", "stats.jsonl", "launcher.log"):
             (d / f).unlink(missing_ok=True)
-        prior = RingCurve({t: s.compute_s / speeds[t] for t in cluster.types}, model_bytes=model_bytes(),
+        prior = RingCurve({t: s.compute_s / speeds[t] for t in cluster.names}, model_bytes=model_bytes(),
                           bandwidth=PRIOR_BANDWIDTH, max_g=s.max_gpus)
         job = make_job(i, s.name, s.arrival, s.steps, prior, cluster, max_gpus=s.max_gpus,
                        restart_cost=restart_cost)
@@ -261,7 +262,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
     alloc: dict[int, Alloc] = {}
 
     def launch(r: _Run, a: Alloc, now: float) -> None:
-        t = cluster.types[a.type]
+        t = cluster.names[a.type]
         r.proc = launch_job(r.dir, a.n, ["--steps", str(r.spec.steps), "--batch", str(r.spec.batch),
                                          "--seed", str(r.spec.seed),
                                          "--compute-s", f"{r.spec.compute_s / speeds[t]:.6f}"],
@@ -278,7 +279,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
 
     def refit(r: _Run) -> None:
         r.fit = fit_job(r.all_samples(), r.prior)
-        r.job.rates = rate_table(r.fit.curve(r.spec.max_gpus), cluster.types, r.spec.max_gpus)
+        r.job.rates = rate_table(r.fit.curve(r.spec.max_gpus), cluster.names, r.spec.max_gpus)
         _even_sizes_only(r.job, r.spec.batch)
 
     for r in runs:
@@ -307,11 +308,11 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
             for r in list(active):
                 prog = read_progress(r.dir)
                 if r.alloc is not None and prog.step > r.launch_step and prog.world == r.alloc.n:
-                    r.live = _sample(prog, cluster.types[r.alloc.type])  # this run's steps so far
+                    r.live = _sample(prog, cluster.names[r.alloc.type])  # this run's steps so far
                 # cost measurement: first step after a (re)launch
                 if r.launched_at is not None and prog.step > r.launch_step:
                     model = r.fit or fit_job([], r.prior)
-                    step_s = model.step_time(cluster.types[r.alloc.type], r.alloc.n)
+                    step_s = model.step_time(cluster.names[r.alloc.type], r.alloc.n)
                     cost = max(0.0, (time.time() - t0) - r.launched_at - step_s)
                     if r.first_launch:
                         start_costs.append(cost)
@@ -355,7 +356,7 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
                 if r.proc is None and r.target is not None and r.alloc != r.target:
                     launch(r, r.target, time.time() - t0)
                     log(f"[{time.time() - t0:6.1f}s] job {r.spec.name}: start on {r.target.n} "
-                        f"{cluster.types[r.target.type]}")
+                        f"{cluster.names[r.target.type]}")
             if replan:  # on arrivals and completions, as the simulator (a stop request waits
                 # in a launcher that is still starting: it starts with SIGUSR1 blocked)
                 replan = False
@@ -399,12 +400,12 @@ def run_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, workdir:
             "restarts": sum(r.restarts for r in runs), "restart_costs_s": restart_costs,
             "start_costs_s": start_costs, "finish_costs_s": finish_costs, "decision_ms": decision_ms,
             "fits": {r.spec.name: _fit_dict(r.fit, r.spec) for r in runs},
-            "step_times": measured_step_times(runs, cluster.types),
+            "step_times": measured_step_times(runs, cluster.names),
             "_curves": {r.spec.name: r.fit.curve(r.spec.max_gpus) for r in runs}}
 
 
-def _describe(a: Alloc | None, cluster: GpuCluster) -> str:
-    return f"{a.n} {cluster.types[a.type]}" if a else "0 GPUs"
+def _describe(a: Alloc | None, cluster: Inventory) -> str:
+    return f"{a.n} {cluster.names[a.type]}" if a else "0 GPUs"
 
 
 def _fit_dict(f: JobFit, spec: RealJobSpec) -> dict:
@@ -419,7 +420,7 @@ def _even_sizes_only(job: Job, batch: int) -> None:
             job.rates[:, g] = 0.0
 
 
-def simulate_workload(specs: list[RealJobSpec], cluster: GpuCluster, policy, restart_cost: float,
+def simulate_workload(specs: list[RealJobSpec], cluster: Inventory, policy, restart_cost: float,
                       start_cost: float, curves: dict[str, RingCurve]) -> dict:
     """The same workload through the simulator, with the fitted curves and measured costs."""
     from .simulator import simulate

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..cluster.hardware import Inventory
 from ..errors import UserError
 from ..perf.jobs import ScalingCurve, completion_time, rate_table
-from .cluster import GpuCluster
 
 
 class Alloc(NamedTuple):
@@ -78,7 +78,7 @@ class Job:
 
 
 def make_job(job_id: int, name: str, arrival: float, work: float, curve: ScalingCurve,
-             cluster: GpuCluster, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
+             cluster: Inventory, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
              restart_cost: float = 10.0, where: str = "") -> Job:
     """Bind a job to a cluster (dense rate table) and check it can run there at all."""
     at = f"{where}: " if where else ""
@@ -89,9 +89,9 @@ def make_job(job_id: int, name: str, arrival: float, work: float, curve: Scaling
                        f"cluster {cluster.spec} has {cluster.largest_pool}; ask for fewer or add GPUs")
     if work <= 0:
         raise JobError(f"{at}job {name!r} needs positive work, got {work}")
-    top = max(curve.max_gpus(t) for t in cluster.types)
+    top = max(curve.max_gpus(t) for t in cluster.names)
     cap = cluster.largest_pool if max_gpus is None else min(max_gpus, cluster.largest_pool)
-    table = rate_table(curve, cluster.types, max(1, min(top, cap)))
+    table = rate_table(curve, cluster.names, max(1, min(top, cap)))
     if not np.any(table[:, min_gpus:] > 0) or min_gpus > table.shape[1] - 1:
         raise JobError(f"{at}job {name!r} cannot run on any GPU type of cluster {cluster.spec} "
                        f"with >= {min_gpus} GPUs (no measured throughput)")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cluster import GpuCluster
+from ..cluster.hardware import Inventory
 from .job import Alloc, Allocation, Job
 from .policies import Policy, check_allocation, get_policy
 
@@ -64,7 +64,7 @@ class SimResult:
                 "decision_ms": 1e3 * self.decision_wall_s / max(1, self.decisions), "wall_s": self.wall_s}
 
 
-def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, progress: bool = False,
+def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, progress: bool = False,
              validate: bool = True) -> SimResult:
     """Run `jobs` (fresh Job objects; their `remaining` is consumed) to completion."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
@@ -82,14 +82,14 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
     gpus_of = np.zeros(n, dtype=np.int64)
     for j in jobs:
         j.started = False
-        j.service_s = np.zeros(len(cluster.types))
+        j.service_s = np.zeros(len(cluster.names))
     round_s = getattr(pol, "round_s", None)
     idx_of = {j.job_id: i for i, j in enumerate(jobs)}
     if len(idx_of) != n:
         raise ValueError("job ids must be unique")
     active: set[int] = set()
     alloc: Allocation = {}
-    ntypes = len(cluster.types)
+    ntypes = len(cluster.names)
     used = np.zeros(ntypes, dtype=np.int64)
     tl_t, tl_used, tl_run = [], [], []
     busy_gpu_s = 0.0
@@ -187,4 +187,4 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
                      restarts_per_job=restarts, makespan_s=makespan, utilization=util, decisions=decisions,
                      decision_wall_s=decision_s, wall_s=time.perf_counter() - t_wall,
                      timeline_t=np.array(tl_t), timeline_used=np.array(tl_used).reshape(-1, ntypes),
-                     timeline_running=np.array(tl_run), gpu_types=cluster.types)
+                     timeline_running=np.array(tl_run), gpu_types=cluster.names)

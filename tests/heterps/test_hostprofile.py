@@ -19,8 +19,8 @@ def test_profile_catalogue_and_plan_of_this_host():
     cat = host_catalogue(dev, link_bandwidth(50_000, messages=8))
     assert cat.names == ("gpu", "cpu1t")
     price, source = gpu_price(dev.gpu_name)
-    assert price == cat.types[0].price_per_hour == 98.32 / 8 and "H100" in source
-    assert cat.types[1].price_per_hour == 0.68 / 16 and cat.types[0].count == 1 and cat.types[1].count == 2
+    assert price == cat.kinds[0].price_per_hour == 98.32 / 8 and "H100" in source
+    assert cat.kinds[1].price_per_hour == 0.68 / 16 and cat.counts == (1, 2)
     w = prof.workload(cat)
     assert np.allclose(w.compute[:, 0], prof.measured["gpu"])  # measured times, not speed factors
     res = get_planner("exact").plan(Problem(w, 10.0, CostParams(batch_size=1024)))

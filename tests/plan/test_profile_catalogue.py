@@ -86,16 +86,16 @@ def test_malformed_profiles_say_what_is_wrong(tmp_path):
 def test_builtin_catalogues_load():
     for name in ("aws", "gcp"):
         cat = load_catalogue(name)
-        kinds = {t.kind for t in cat.types}
-        assert kinds == {"cpu", "gpu"}
-        assert all(t.price_per_hour > 0 and t.memory > 2**30 for t in cat.types)
+        classes = {k.device_class for k in cat.kinds}
+        assert classes == {"cpu", "gpu"}
+        assert all(k.price_per_hour > 0 and k.memory > 2**30 for k in cat.kinds)
         assert cat.source
 
 
 def test_catalogue_gpu_speeds_follow_gavel_measurements():
     ratios = gavel_speed_ratios(GAVEL)
     cat = load_catalogue("gcp")
-    k80, p100, v100 = (cat.types[cat.index(n)].speed for n in ("n1-8-k80", "n1-8-p100", "n1-8-v100"))
+    k80, p100, v100 = (cat.kind(n).speed for n in ("n1-8-k80", "n1-8-p100", "n1-8-v100"))
     for kind in ("dense", "memory", "sparse"):
         assert p100.for_kind(kind) / k80.for_kind(kind) == pytest.approx(ratios[kind]["p100"], rel=0.02)
         assert v100.for_kind(kind) / k80.for_kind(kind) == pytest.approx(ratios[kind]["v100"], rel=0.02)
@@ -105,9 +105,9 @@ def test_catalogue_gpu_speeds_follow_gavel_measurements():
     (lambda d: d["types"][0].pop("price_per_hour"), "types.0.price_per_hour: required"),
     (lambda d: d["types"][0].update(price_per_hour=-1), "types.0.price_per_hour"),
     (lambda d: d["types"][1].update(colour="red"), "unknown key 'colour'"),
-    (lambda d: d["types"][1].update(name="gpu-a"), "duplicate resource type names"),
+    (lambda d: d["types"][1].update(name="gpu-a"), r"\['gpu-a'\] listed twice"),
     (lambda d: d["types"][0].update(memory="lots"), "cannot read memory size"),
-    (lambda d: d["types"][0].update(kind="tpu"), "types.0.kind"),
+    (lambda d: d["types"][0].update({"class": "tpu"}), "types.0.class"),
     (lambda d: d.update(types=[]), "types"),
 ])
 def test_malformed_catalogues_say_where(tiny_catalogue_dict, mutate, message):

@@ -3,7 +3,7 @@ import pytest
 
 from hetrain.cli import main
 from hetrain.perf.jobs import TableCurve
-from hetrain.sched.cluster import GpuCluster, parse_cluster_spec
+from hetrain.sched.cluster import gpu_pools, parse_cluster_spec
 from hetrain.sched.job import make_job
 from hetrain.sched.patterns import make_pattern
 from hetrain.sched.simulator import simulate
@@ -12,7 +12,7 @@ LIN = TableCurve({"v100": {g: float(g) for g in range(1, 9)}})
 
 
 def test_single_job_runs_at_its_rate():
-    c = GpuCluster(("v100",), (4,))
+    c = gpu_pools(("v100",), (4,))
     r = simulate([make_job(0, "a", 5.0, 100.0, LIN, c, requested=2)], c, "fifo")
     assert r.finish[0] == pytest.approx(5.0 + 50.0) and r.restarts == 0
     r = simulate([make_job(0, "a", 5.0, 100.0, LIN, c, requested=2)], c, "doubling")
@@ -20,7 +20,7 @@ def test_single_job_runs_at_its_rate():
 
 
 def test_restart_cost_is_charged_on_resize():
-    c = GpuCluster(("v100",), (2,))
+    c = gpu_pools(("v100",), (2,))
     jobs = [make_job(0, "a", 0.0, 100.0, LIN, c, max_gpus=2, restart_cost=7.0),
             make_job(1, "b", 10.0, 10.0, LIN, c, max_gpus=2, restart_cost=7.0)]
     r = simulate(jobs, c, "doubling")

@@ -13,12 +13,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...cluster.hardware import Inventory
 from ...errors import UserError
 from ...perf.jobs import completion_time
-from ..cluster import GpuCluster
 from ..job import Alloc, Allocation, Job
 
-Policy = Callable[[Sequence[Job], GpuCluster, Allocation, float], Allocation]
+Policy = Callable[[Sequence[Job], Inventory, Allocation, float], Allocation]
 DEFAULT_POLICY = "adaptive"  # what `hetrain schedule` uses unless told otherwise
 _REGISTRY: dict[str, Policy] = {}
 
@@ -48,9 +48,9 @@ def _load_all() -> None:
     from . import adaptive, doubling, fifo, gavel, optimal, srtf  # noqa: F401  (modules register themselves)
 
 
-def check_allocation(jobs: Sequence[Job], cluster: GpuCluster, alloc: Allocation) -> None:
+def check_allocation(jobs: Sequence[Job], cluster: Inventory, alloc: Allocation) -> None:
     """Raise if an allocation exceeds a pool, breaks a job's bounds or names an unknown job."""
-    used = np.zeros(len(cluster.types), dtype=np.int64)
+    used = np.zeros(len(cluster.names), dtype=np.int64)
     by_id = {j.job_id: j for j in jobs}
     for jid, a in alloc.items():
         job = by_id.get(jid)
@@ -75,7 +75,7 @@ def type_weights(jobs: Sequence[Job], ntypes: int) -> np.ndarray:
     return w
 
 
-def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Allocation, order: str = "arrival"
+def admit_at_minimum(jobs: Sequence[Job], cluster: Inventory, allocation: Allocation, order: str = "arrival"
                      ) -> tuple[dict[int, Alloc], np.ndarray]:
     """Give jobs their minimum size on one GPU type each; returns the tentative
     allocation and the free GPUs per type.
@@ -94,7 +94,7 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     Estimates charge the restart cost when the type or size differs from the current one.
     """
     free = cluster.capacity.copy()
-    ntypes = len(cluster.types)
+    ntypes = len(cluster.names)
     caps = list(cluster.counts)
     by = order
     running = sorted((j for j in jobs if j.job_id in allocation), key=lambda j: (j.arrival, j.job_id))

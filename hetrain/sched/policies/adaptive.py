@@ -31,9 +31,9 @@ def relocate(jobs, cluster, allocation, tent, free, max_moves: int | None = None
     """Move jobs to better (type, size) options that fit in the idle GPUs, then re-grow."""
     by_id = {j.job_id: j for j in jobs}
     ids = [jid for jid in tent]
-    if not ids or len(cluster.types) < 1:
+    if not ids or len(cluster.names) < 1:
         return tent
-    nt = len(cluster.types)
+    nt = len(cluster.names)
     width = max(by_id[j].rates.shape[1] for j in ids)
     rates = np.zeros((len(ids), nt, width))
     pen = np.zeros(len(ids))

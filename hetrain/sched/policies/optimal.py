@@ -46,7 +46,7 @@ def solve_milp(jobs, cluster, allocation, order="arrival"):
             var_job.append(k)
             var_alloc.append(a)
             cost.append(c)
-    nv, nj, nt = len(cost), len(admitted), len(cluster.types)
+    nv, nj, nt = len(cost), len(admitted), len(cluster.names)
     cost = np.array(cost)
     one = np.zeros((nj, nv))
     one[var_job, np.arange(nv)] = 1.0
@@ -71,7 +71,7 @@ def exhaustive(jobs, cluster, allocation):
     choices = [_options(j, cluster, allocation.get(j.job_id)) for j in admitted]
     best, best_cost = {}, float("inf")
     for combo in itertools.product(*choices):
-        used = np.zeros(len(cluster.types), dtype=np.int64)
+        used = np.zeros(len(cluster.names), dtype=np.int64)
         for a, _ in combo:
             used[a.type] += a.n
         if np.any(used > cluster.capacity):

@@ -15,7 +15,7 @@ def srtf(jobs, cluster, allocation, now):
 
     def key(job):
         n = job.requested
-        best = max(job.rates[t, job.feasible_n(t, n)] for t in range(len(cluster.types)))
+        best = max(job.rates[t, job.feasible_n(t, n)] for t in range(len(cluster.names)))
         return (completion_time(job.remaining, best), job.arrival, job.job_id)
 
     out = {}
