@@ -160,7 +160,7 @@ class Job:
         if found is None or found[0] <= self._seen_seq:
             return self.commit
         snap = loads(found[1])
-        sampler = snap["objects"]["sampler"]
+        sampler = snap["objects"]["loader"]  # the demo commits its BalancedLoader's data position
         spe = -(-int(sampler["num_samples"]) // int(sampler["global_batch"]))
         self._seen_seq = found[0]
         self.commit = Commit(found[0], int(snap["meta"]["round"]), int(sampler["epoch"]) * spe + int(sampler["step"]),

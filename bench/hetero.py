@@ -1,4 +1,4 @@
-"""H-PS benchmarks on an emulated heterogeneous cluster (issue #5).
+"""H-PS benchmarks on an emulated heterogeneous cluster.
 
   python bench/hetero.py [--quick] [--json PATH]
 
@@ -14,10 +14,17 @@ Four measurements, each a real `hetrain launch` of `bench/hetero_worker.py`:
                 step time with and without overlap, beside compute-only and
                 communication-only times.
   quant         bytes per step and final test accuracy for fp32, fp16, int8, int4.
+  real          real compute, no cost model and no sleeps: 3 workers train a width-512
+                digits MLP, worker i repeating its real forward and backward w_i = 1, 2, 4
+                times; hetrain with measured shares, hetrain with equal shares and PyTorch
+                DDP with equal shares, in one run: samples/s and the compute spread per
+                step (slowest worker's compute / fastest's, median over steps after the
+                fits settle). The host's load average is recorded beside the figures.
 
-Honesty notes, printed with the results: compute uses a calibrated device model
-(b samples cost b × c / speed seconds, sleep fills in after the real compute) because
-real compute on this shared 2-core host is too noisy for stable ratios; repeats run
+Honesty notes, printed with the results: straggler and interference use a calibrated
+device model (b samples cost b × c / speed seconds, sleep fills in after the real
+compute) so their ratios are stable on a shared host; `real` does not, and says under
+what load it ran; repeats run
 inside one launch (fresh model each), medians reported; quant accuracy uses real
 compute and equal shares so codecs are the only difference between runs.
 """
@@ -177,14 +184,77 @@ def quant(tmp, q) -> list[dict]:
     return rows
 
 
+def _spread_median(per_rank_times, sizes, skip) -> float:
+    """Median over steps (after `skip`) of max/min per-rank time over the ranks with samples."""
+    t = np.asarray(per_rank_times, dtype=float).T  # steps x ranks
+    b = np.asarray(sizes, dtype=float)[: len(t)]
+    out = []
+    for k in range(skip, len(t)):
+        v = t[k][(b[k] > 0) & (t[k] > 0)]
+        if len(v):
+            out.append(v.max() / v.min())
+    return float(np.median(out)) if out else float("nan")
+
+
+def real(tmp, q) -> dict:
+    """Real compute, no cost model, no sleeps: 3 workers train a width-W digits MLP; worker
+    i repeats its real forward and backward w_i = 1, 2, 4 times (a device w_i times slower
+    in every part of its compute). hetrain with measured shares, hetrain with equal shares
+    (same measurement) and PyTorch DDP with equal shares run interleaved in one launch
+    (mode allreduce: no server processes), so the host's load drifts hit all three alike."""
+    work, width, gb = [1, 2, 4], 512, 512
+    steps, skip, reps = (30, 12, 2) if q else (50, 16, 3)
+    load_before = os.getloadavg()
+    cl = _cluster([{"speed": 1.0}] * 3, cpus=0)
+    args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0",
+            "--repeats", str(reps), "--interleave", "balanced,equal,ddp",
+            "--work", ",".join(map(str, work)), "--width", str(width), "--lr", "0.05"]
+    res = _launch(tmp, "real", cl, "allreduce", args, limit=1800)
+    load_after = os.getloadavg()
+    out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip, "repeats": reps,
+           "mode": res["mode"], "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
+           "host": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]}}
+    for kind in ("balanced", "equal", "ddp"):
+        runs = [r for r in res["runs"] if r["kind"] == kind]
+        sps = [_steady_sps(r, gb, skip) for r in runs]
+        # shares as used over the measured steps (mean over steps and repeats): one step's
+        # shares are noisy on a loaded host
+        mean_shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
+        row = {"samples_per_s": float(np.median(sps)), "samples_per_s_repeats": sps,
+               "mean_shares": [round(float(v), 1) for v in mean_shares],
+               "exchange_ms_per_step": float(np.median([1e3 * r.get("loader_exchange_s", 0.0) / max(1, r["steps"])
+                                                        for r in runs])),
+               "final_shares": runs[0]["sizes"][-1], "final_acc": float(np.median([r["final_acc"] for r in runs]))}
+        if kind != "ddp":
+            # the loader's measure (step compute minus exchange), pooled over repeats
+            sp = np.concatenate([np.asarray(r["spreads"][skip:], dtype=float) for r in runs])
+            row["compute_spread"] = float(np.nanmedian(sp))
+            row["compute_spread_p90"] = float(np.nanpercentile(sp, 90))
+            # systematic imbalance: each worker's mean compute per step, slowest / fastest
+            per_rank = [np.mean(np.asarray(r["fwd_bwd_s"])[:, skip:], axis=1) for r in runs]
+            row["mean_fwd_bwd_spread"] = float(np.median([p.max() / p.min() for p in per_rank]))
+            row["fwd_bwd_spread"] = float(np.median([_spread_median(r["fwd_bwd_s"], r["sizes"], skip)
+                                                     for r in runs]))
+        out[kind] = row
+    out["speedup_vs_ddp"] = out["balanced"]["samples_per_s"] / out["ddp"]["samples_per_s"]
+    out["speedup_vs_equal"] = out["balanced"]["samples_per_s"] / out["equal"]["samples_per_s"]
+    # with fewer cores than workers the workers share cores, so the bound is the total
+    # work per step (sum of w_i b_i), not the slowest worker: equal over balanced shares
+    w = np.asarray(work, dtype=float)
+    out["core_sharing_bound"] = float(w @ np.asarray(out["equal"]["mean_shares"]) /
+                                      (w @ np.asarray(out["balanced"]["mean_shares"])))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats and a lower accuracy target (~5 min)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--only", nargs="*", choices=["straggler", "interference", "overlap", "quant"])
+    ap.add_argument("--only", nargs="*", choices=["straggler", "interference", "overlap", "quant", "real"])
     a = ap.parse_args(argv)
-    todo = a.only or ["straggler", "interference", "overlap", "quant"]
-    out: dict = {"notes": ["compute: calibrated device model (b x cost / speed s; sleep fills in) except quant",
+    todo = a.only or ["straggler", "interference", "overlap", "quant", "real"]
+    out: dict = {"notes": ["compute: calibrated device model (b x cost / speed s; sleep fills in) in straggler and "
+                           "interference; real compute in quant and real",
                            "repeats run inside one launch, fresh model each; medians reported"]}
     with tempfile.TemporaryDirectory(prefix="hetero-bench-") as d:
         tmp = Path(d)
@@ -202,6 +272,10 @@ def main(argv=None) -> int:
         if "quant" in todo:
             print("quant: fp32, fp16, int8, int4", flush=True)
             out["quant"] = quant(tmp, a.quick)
+        if "real" in todo:
+            print("real: real compute, work 1, 2, 4 (repeated real forward/backward); balanced vs equal vs DDP",
+                  flush=True)
+            out["real"] = real(tmp, a.quick)
     _table(out)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
@@ -242,6 +316,25 @@ def _table(out: dict) -> None:
         for r in out["quant"]:
             print(f"{r['codec']:<7}{r['bytes_per_step']:>12.0f}{r['bytes_ratio']:>8.3f}{r['accuracy']:>10.4f}"
                   f"{r['accuracy_drop_points']:>10.2f}")
+    if "real" in out:
+        r = out["real"]
+        print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, mode "
+              f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
+              f"host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
+              f"{r['host']['loadavg_1min_after']:.1f}) ==")
+        print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  mean shares")
+        for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
+                         ("ddp", "PyTorch DDP equal shares")):
+            x = r[k]
+            f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
+            print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
+                  f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['mean_shares']}")
+        print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
+              f"(ideal with a core per worker {r['ideal_speedup']:.2f}x; with {r['host']['cpus']} cores shared by "
+              f"{len(r['work'])} workers the bound is the total work per step: "
+              f"{r['core_sharing_bound']:.2f}x at these mean shares). spread: median over steps of the slowest worker's "
+              f"compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
+              f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
     for n in out.get("notes", []):
         print("note:", n)
 

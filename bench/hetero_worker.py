@@ -1,10 +1,12 @@
 """The training process `bench/hetero.py` launches on every worker (see that file).
 
 Subcommands:
-  train    digits training: balanced (hetrain) or equal shares (hetrain or PyTorch DDP),
-           until a target test accuracy or for a fixed number of steps; R repeats in one
-           launch (fresh model each time); rank 0 writes per-step times, shares and
-           accuracies as JSON.
+  train    digits training through BalancedLoader: balanced (measured step times) or
+           equal shares (hetrain), or PyTorch DDP with equal shares; until a target test
+           accuracy or for a fixed number of steps; R repeats in one launch (fresh model
+           each time); rank 0 writes per-step times, shares, accuracies and every rank's
+           forward/backward times as JSON. `--work 1,2,4` makes worker i repeat its real
+           forward and backward w_i times (a device w_i times slower, real compute).
   overlap  a stack of equal Linear layers whose backward costs a calibrated sleep per
            layer; phases compute-only, communication-only, step without and with
            overlap, interleaved R times.
@@ -26,13 +28,16 @@ import torch.nn.functional as F
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.demo.digits import load_digits_split
-from hetrain.train.balance import Balancer
+from hetrain.train.loader import BalancedLoader
 from hetrain.train.sampler import GlobalBatchSampler
 
 
-def digits_model(seed: int) -> nn.Module:
+def digits_model(seed: int, width: int = 128) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    if width == 128:  # the demo's model
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
 def acc_of(model, x, y) -> float:
@@ -40,52 +45,80 @@ def acc_of(model, x, y) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
+def _forward_backward(net, x, y, work: int, scale: float, ddp: bool) -> None:
+    """The step's compute, `work` times over (a device `work` times slower, in real
+    compute: every repetition is a real forward and backward; the gradient is their mean,
+    identical to one pass). DDP all-reduces on the last repetition only."""
+    for k in range(work):
+        last = k == work - 1
+        ctx = net.no_sync() if (ddp and not last) else _Null()
+        with ctx:
+            (F.cross_entropy(net(x), y) * (scale / work)).backward()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def cmd_train(a) -> dict:
     ctx = hetrain.init()
     rank, nw = hetrain.rank(), hetrain.size()
     machine = ctx.topology.proc(rank).machine
     device = EmulatedDevice(machine.device, machine.name, ctx.env.run_dir, cost_per_sample=a.cost or None)
+    work = int(a.work.split(",")[rank]) if a.work else 1
     xtr, ytr, xte, yte = load_digits_split()
     runs = []
-    for rep in range(a.repeats):
-        model = digits_model(100 + rep)
-        if a.ddp:
+    # --interleave balanced,equal,ddp: every repeat runs each kind once, in turn, so slow
+    # drifts in the host's load hit all kinds alike; otherwise one kind from --balance/--ddp
+    kinds = a.interleave.split(",") if a.interleave else ["ddp" if a.ddp else a.balance]
+    for rep, kind in [(r, k) for r in range(a.repeats) for k in kinds]:
+        ddp = kind == "ddp"
+        balance = "equal" if ddp else ("measured" if kind in ("measured", "balanced") else "equal")
+        model = digits_model(100 + rep, a.width)
+        loader = sampler = None
+        if ddp:  # PyTorch DDP, equal shares from the same global batches
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             net = DDP(model, process_group=ctx.worker_group)
             opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+            sampler = GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep)
         else:
             net = model
             opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
                                                named_parameters=model.named_parameters())
-        balancer = Balancer(ctx, a.global_batch) if a.balance == "measured" else None
-        sampler = GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep)
-        equal = np.ones(nw)
-        times, sizes, accs = [], [], []
+            loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, balance=balance, seed=rep,
+                                    device="cpu")
+
+        def batches():
+            epoch = 0
+            while True:
+                if loader is not None:
+                    yield from loader
+                else:
+                    for s in range(sampler.steps_per_epoch()):
+                        idx = torch.from_numpy(sampler.indices(epoch, s, rank))
+                        yield xtr[idx], ytr[idx]
+                epoch += 1
+
+        times, accs, computes = [], [], []
         paused = 0.0
         t0 = time.perf_counter()
         step, done = 0, False
         bytes0 = hetrain.engine().stats.bytes_sent + hetrain.engine().stats.bytes_received
-        while not done:
-            epoch, s = divmod(step, sampler.steps_per_epoch())
-            shares = balancer.sizes if balancer is not None else equal
-            idx = torch.from_numpy(sampler.indices(epoch, s, rank, shares))
+        for x, y in batches():
             opt.zero_grad()
-            if not a.ddp:
-                opt.set_batch_size(len(idx))
-            with device.compute(len(idx)):
-                if len(idx):
-                    loss = F.cross_entropy(net(xtr[idx]), ytr[idx]) * (len(idx) * nw / a.global_batch if a.ddp else 1)
-                    loss.backward()
-                elif a.ddp:  # DDP needs every rank in the all-reduce
+            tc = time.perf_counter()
+            with device.compute(len(x)):
+                if len(x):
+                    _forward_backward(net, x, y, work, len(x) * nw / a.global_batch if ddp else 1.0, ddp)
+                elif ddp:  # DDP needs every rank in the all-reduce
                     (sum(p.sum() for p in net.parameters()) * 0).backward()
+            computes.append(time.perf_counter() - tc)
             opt.step()
-            if balancer is not None:
-                balancer.record(len(idx), device.last_s)
-                sizes.append([int(v) for v in balancer.sizes])
-                balancer.update()
-            else:
-                sizes.append([len(x) for x in sampler.split(np.arange(a.global_batch), equal)])
             step += 1
             times.append(time.perf_counter() - t0 - paused)
             if a.eval_every and step % a.eval_every == 0:
@@ -95,16 +128,31 @@ def cmd_train(a) -> dict:
                 accs.append((step, times[-1], float(flag.item())))
                 done = a.target_acc > 0 and flag.item() >= a.target_acc
                 paused += time.perf_counter() - tp
-            done = done or step >= a.max_steps
+            if done or step >= a.max_steps:
+                break
         st = hetrain.engine().stats
+        if loader is not None:
+            loader.finish()
+            sizes = [[int(v) for v in h] for h in loader.balancer.history[:step]]
+            spreads = loader.spreads[:step]
+        else:
+            sizes = [[len(p) for p in sampler.split(np.arange(a.global_batch), np.ones(nw))]] * step
+            spreads = []
+        # every rank's own forward/backward times, gathered (the DDP run has no loader to measure them)
+        mine = torch.tensor(computes[:step], dtype=torch.float64)
+        allc = [torch.zeros_like(mine) for _ in range(nw)]
+        dist.all_gather(allc, mine, group=ctx.worker_group)
         runs.append({"times": times, "sizes": sizes, "accs": accs, "final_acc": acc_of(model, xte, yte),
                      "bytes_per_step": (st.bytes_sent + st.bytes_received - bytes0) / max(1, step),
                      "engine_comm_s": st.comm_s, "engine_wait_s": st.wait_s, "compute_s": device.compute_s,
-                     "steps": step})
-        if a.ddp:
+                     "steps": step, "spreads": spreads, "fwd_bwd_s": [c.tolist() for c in allc],
+                     "loader_exchange_s": loader.batches.exchange_s if loader is not None else 0.0,
+                     "wall_s": times[-1] if times else 0.0, "kind": kind})
+        if ddp:
             dist.barrier(group=ctx.worker_group)
     return {"runs": runs, "global_batch": a.global_batch, "mode": ctx.comm.mode, "codec": ctx.comm.codec,
-            "workers": [p.machine.name for p in ctx.topology.workers]}
+            "workers": [p.machine.name for p in ctx.topology.workers], "work": a.work, "width": a.width,
+            "threads": torch.get_num_threads()}
 
 
 class _SleepGrad(torch.autograd.Function):
@@ -194,6 +242,9 @@ def main(argv=None) -> int:
     t.add_argument("--max-steps", type=int, default=100)
     t.add_argument("--eval-every", type=int, default=5)
     t.add_argument("--repeats", type=int, default=3)
+    t.add_argument("--work", default="", help="per-worker real-work multipliers, e.g. 1,2,4 (default 1 each)")
+    t.add_argument("--width", type=int, default=128, help="hidden width (128: the demo's model)")
+    t.add_argument("--interleave", default="", help="kinds to alternate in every repeat, e.g. balanced,equal,ddp")
     o = sub.add_parser("overlap")
     o.add_argument("--out", required=True)
     o.add_argument("--layers", type=int, default=12)

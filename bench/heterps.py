@@ -14,6 +14,15 @@ dense all-reduce for the ring time; the real math, the real gloo transfers and t
 real sparse-PS traffic run underneath (docs/heterps-runtime.md).
 
     python bench/heterps.py --quick --json out.json
+
+`--real` measures the runtime on this host's real devices instead (a GPU and CPU workers
+of N threads; hetrain/pipeline/measure.py): it profiles the runtime's model on both,
+builds a catalogue of this host, plans exactly for a target, runs the plan (and the
+all-GPU and all-CPU plans) without padding and reports measured vs predicted
+throughput and cost, and the AUC of the pipeline vs one process. Without CUDA it exits
+0 saying so (`--cpu-dry-run` runs the flow with the CPU standing in for the GPU).
+
+    PYTHONPATH=. python bench/heterps.py --real --json heterps_real.json
 """
 from __future__ import annotations
 
@@ -43,13 +52,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (still 3 repeats)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--target", type=float, default=1000.0, help="throughput target of the plans (samples/s)")
-    ap.add_argument("--batch", type=int, default=2048, help="global batch per step")
-    ap.add_argument("--micro-batches", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--target", type=float, default=None,
+                    help="throughput target of the plans (samples/s; 1000, or with --real half the best reachable)")
+    ap.add_argument("--batch", type=int, default=None, help="global batch per step (2048; --real: 65536)")
+    ap.add_argument("--micro-batches", type=int, default=None, help="per step (64; --real: 32)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per plan (3; --real: 2)")
     ap.add_argument("--samples", type=float, default=1e8, help="samples in the priced training run")
     ap.add_argument("--auc-steps", type=int, default=None, help="steps of the AUC runs")
+    ap.add_argument("--real", action="store_true", help="this host's real GPU and CPU instead of the emulated cluster")
+    ap.add_argument("--cpu-threads", type=int, default=4, help="--real: threads (own cores) of a CPU worker (4)")
+    ap.add_argument("--gpu-price", type=float, default=None, help="--real: $/hour of the GPU (default: list price)")
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="--real without CUDA: the CPU stands in for the GPU (checks the flow; figures meaningless)")
     args = ap.parse_args()
+    if args.real:
+        return real(args)
+    args.target = args.target or 1000.0
+    args.micro_batches = args.micro_batches or 64
+    args.batch = args.batch or 2048
+    args.repeats = args.repeats or 3
     steps = 4 if args.quick else 8
     auc_steps = args.auc_steps or (24 if args.quick else 60)
     work = Path(tempfile.mkdtemp(prefix="bench-heterps-"))
@@ -129,6 +150,38 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({"cases": cases, "auc": auc, "target": args.target,
                                                "batch": args.batch, "steps": steps,
                                                "repeats": args.repeats}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def real(args) -> int:
+    """--real: measured vs predicted on this host's devices (hetrain/pipeline/measure.py)."""
+    import torch
+
+    from hetrain.pipeline.measure import measure_real, table, to_json
+
+    if not torch.cuda.is_available() and not args.cpu_dry_run:
+        print("bench/heterps.py --real: skipped, needs CUDA (this host has no CUDA device)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": "needs CUDA"}))
+        return 0
+    kw = dict(target=args.target, cpu_threads=args.cpu_threads, samples=args.samples, gpu_price=args.gpu_price,
+              cpu_dry_run=args.cpu_dry_run)
+    if args.micro_batches:
+        kw["micro_batches"] = args.micro_batches
+    if args.batch:
+        kw["batch"] = args.batch
+    if args.repeats:
+        kw["repeats"] = args.repeats
+    if args.quick:
+        kw.update(steps=4, warmup_steps=1)
+    res = measure_real(**kw)
+    print()
+    print(table(res))
+    print("measured: real devices, no padding (GPU stages on CUDA, CPU stages on cores of their own, sparse PS "
+          "shards on the CPU); predicted: the cost model on layer times measured on the same devices")
+    if args.json:
+        Path(args.json).write_text(to_json(res))
         print(f"wrote {args.json}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Placement benchmark (issue #3): every planner on the model zoo x catalogues x targets.
+"""Placement benchmark: every planner on the model zoo x catalogues x targets.
 
 For each zoo model (profiled once on this host) x catalogue (aws, gcp) x three targets
 (fractions of the best throughput any plan can reach there), runs every planner and

@@ -1,8 +1,14 @@
-"""Benchmark of the cluster job scheduler (issue #4): average JCT of every policy on
-synthetic patterns and Gavel traces, on a homogeneous and a three-type cluster;
-doubling versus fifo and versus the exact optimum; simulate-vs-real for the
-executor's tiny workload (when the executor is available); and the scale test
-(1,000+ trace jobs on 900 GPUs).
+"""Benchmark of the cluster job scheduler: average JCT of every policy on synthetic
+patterns and Gavel traces, on a homogeneous and a three-type cluster; hetrain's default
+policy (adaptive) and the paper's doubling against fifo, the srtf peer, the Gavel peer
+and the per-decision optimum (the integer program solved exactly at every decision,
+over the jobs the arrival-order (optimal) or the SRPT-order (optimal-srpt) admission
+lets in); the scale test (1,000+ trace jobs on 900 GPUs); and the executor's workload
+run for real on the local executor and on a Ray cluster (three Ray nodes on this host,
+`ray.cluster_utils`) in the same run: real versus simulated average JCT (the simulator
+charging the restart and cold-start costs measured on that backend), the costs
+themselves, scheduling overhead per decision, and each job's fitted step time against
+the measured one at every size it ran.
 
     python bench/sched.py --quick --json out.json
 Simulations are deterministic, so each case runs once per seed; the table shows the
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,26 +27,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hetrain.sched.cluster import parse_cluster_spec  # noqa: E402
-from hetrain.sched.gavel import default_data_dir  # noqa: E402
 from hetrain.sched.patterns import make_pattern  # noqa: E402
+from hetrain.sched.policies import DEFAULT_POLICY  # noqa: E402
 from hetrain.sched.simulator import simulate  # noqa: E402
 from hetrain.sched.trace import load_trace  # noqa: E402
 
 CLUSTERS = {"homogeneous": "v100:24", "three-type": "v100:8,p100:8,k80:8"}
 SMALL_CLUSTERS = {"homogeneous": "v100:8", "three-type": "v100:4,p100:4,k80:4"}
 PATTERNS = ["all-at-once", "poisson", "bursts", "poisson-short", "all-at-once-long"]
-TRACES = ["23dbec", "51b7ef", "0e4a51"]
-POLICIES = ["fifo", "srtf", "doubling", "doubling-strict"]
+TRACES = {"23dbec": None, "51b7ef": None, "0e4a51": None, "6214e9": 100}  # None: the pattern job count
+POLICIES = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", DEFAULT_POLICY]
+OPTIMA = ["optimal", "optimal-srpt"]  # per-decision MILP yardsticks (patterns, --quick)
 
 
 def run_case(make, cluster, policy):
     return simulate(make(), cluster, policy)
 
 
-def bench(quick: bool, out_json: str | None, png_dir: str | None) -> dict:
+def simulations(quick: bool) -> list[dict]:
     seeds = [0] if quick else [0, 1, 2]
     n_jobs = 40 if quick else 100
-    n_small = 10
     cases = []
 
     def add(workload, cname, cluster, policies, makers):
@@ -51,88 +58,190 @@ def bench(quick: bool, out_json: str | None, png_dir: str | None) -> dict:
                     "p99_jct_s": float(np.mean([r.p99_jct_s for r in res])),
                     "makespan_s": float(np.mean([r.makespan_s for r in res])),
                     "utilization": float(np.mean([r.utilization for r in res])),
-                    "restarts": float(np.mean([r.restarts for r in res]))}
+                    "restarts": float(np.mean([r.restarts for r in res])),
+                    "decision_ms": float(np.mean([1e3 * r.decision_wall_s / max(1, r.decisions) for r in res]))}
             cases.append(case)
-            print(f"{workload:<22}{cname:<12}{pol:<16}{case['avg_jct_s'] / 3600:>9.3f}{case['p99_jct_s'] / 3600:>9.2f}"
-                  f"{case['makespan_s'] / 3600:>9.2f}{case['utilization']:>6.2f}{case['restarts']:>8.1f}", flush=True)
+            print(f"{workload:<22}{cname:<12}{pol:<16}{case['avg_jct_s'] / 3600:>10.3f}{case['p99_jct_s'] / 3600:>10.2f}"
+                  f"{case['makespan_s'] / 3600:>10.2f}{case['utilization']:>6.2f}{case['restarts']:>9.1f}"
+                  f"{case['decision_ms']:>8.2f}", flush=True)
 
-    print(f"{'workload':<22}{'cluster':<12}{'policy':<16}{'avg JCT h':>9}{'p99 h':>9}{'mkspan h':>9}{'util':>6}{'restarts':>8}")
+    print(f"{'workload':<22}{'cluster':<12}{'policy':<16}{'avg JCT h':>10}{'p99 h':>10}{'mkspan h':>10}{'util':>6}"
+          f"{'restarts':>9}{'ms/dec':>8}")
     for cname, spec in CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
         for pat in PATTERNS:
             makers = [lambda s=s, pat=pat: make_pattern(pat, n_jobs, cluster, seed=s) for s in seeds]
-            add(pat, cname, cluster, POLICIES + (["optimal"] if quick else []), makers)
-        for tr in TRACES:
-            path = default_data_dir() / "traces" / f"{tr}.trace"
-            makers = [lambda path=path: load_trace(path, cluster, limit=n_jobs)]
+            add(pat, cname, cluster, POLICIES + (OPTIMA if quick else []), makers)
+        for tr, limit in TRACES.items():
+            makers = [lambda tr=tr, limit=limit: load_trace(tr, cluster, limit=limit or n_jobs)]
             add(f"trace:{tr}", cname, cluster, POLICIES, makers)
     # small instances: the exact optimum is the yardstick
     for cname, spec in SMALL_CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
         for pat in ["all-at-once", "poisson", "bursts"]:
-            makers = [lambda s=s, pat=pat: make_pattern(pat, n_small, cluster, seed=s) for s in seeds]
-            add(f"small:{pat}", cname, cluster, ["fifo", "doubling", "optimal"], makers)
+            makers = [lambda s=s, pat=pat: make_pattern(pat, 10, cluster, seed=s) for s in seeds]
+            add(f"small:{pat}", cname, cluster, ["fifo", "srtf", "doubling", DEFAULT_POLICY] + OPTIMA, makers)
+    return cases
 
+
+def ratio_table(cases: list[dict]) -> list[dict]:
     def avg(w, c, p):
         for x in cases:
             if x["workload"] == w and x["cluster"] == c and x["policy"] == p:
                 return x["avg_jct_s"]
         return None
 
-    ratios = []
-    for x in cases:
-        if x["policy"] != "doubling":
-            continue
-        f, o = avg(x["workload"], x["cluster"], "fifo"), avg(x["workload"], x["cluster"], "optimal")
-        ratios.append({"workload": x["workload"], "cluster": x["cluster"],
-                       "doubling_over_fifo": x["avg_jct_s"] / f if f else None,
-                       "doubling_over_optimal": x["avg_jct_s"] / o if o else None})
-    print(f"\n{'workload':<22}{'cluster':<12}{'doubling/fifo':>14}{'doubling/optimal':>18}")
-    for r in ratios:
-        o = f"{r['doubling_over_optimal']:.3f}" if r["doubling_over_optimal"] else "-"
-        print(f"{r['workload']:<22}{r['cluster']:<12}{r['doubling_over_fifo']:>14.3f}{o:>18}")
+    rows = []
+    for w, c in dict.fromkeys((x["workload"], x["cluster"]) for x in cases):
+        opt = [v for v in (avg(w, c, p) for p in OPTIMA) if v]
+        best_opt = min(opt) if opt else None
+        row = {"workload": w, "cluster": c}
+        for pol in ("doubling", DEFAULT_POLICY):
+            mine = avg(w, c, pol)
+            for peer, val in (("fifo", avg(w, c, "fifo")), ("srtf", avg(w, c, "srtf")),
+                              ("gavel", avg(w, c, "gavel")), ("optimum", best_opt)):
+                row[f"{pol}_over_{peer}"] = mine / val if mine and val else None
+        rows.append(row)
+    cols = [f"{DEFAULT_POLICY}_over_optimum", f"{DEFAULT_POLICY}_over_srtf", f"{DEFAULT_POLICY}_over_gavel",
+            "doubling_over_optimum", "doubling_over_srtf", "doubling_over_gavel"]
+    print(f"\n{'workload':<22}{'cluster':<12}" + "".join(f"{c.replace('_over_', '/'):>19}" for c in cols))
+    for r in rows:
+        print(f"{r['workload']:<22}{r['cluster']:<12}" +
+              "".join(f"{r[c]:>19.3f}" if r[c] else f"{'-':>19}" for c in cols))
+    return rows
 
-    # scale: 1,000+ trace jobs on 900 GPUs (Gavel's 300:300:300 cluster)
+
+def scale(quick: bool) -> dict:
     big = parse_cluster_spec("300:300:300")
     n_big = 1000 if quick else 2000
-    jobs = load_trace(default_data_dir() / "traces" / "6214e9.trace", big, limit=n_big)
-    t0 = time.perf_counter()
-    res = simulate(jobs, big, "doubling", progress=sys.stderr.isatty())
-    wall = time.perf_counter() - t0
-    scale = {"jobs": len(jobs), "gpus": big.total, "policy": "doubling", "wall_s": wall,
-             "decisions": res.decisions, "ms_per_decision": 1e3 * res.decision_wall_s / max(1, res.decisions),
-             "avg_jct_s": res.avg_jct_s}
-    print(f"\nscale: {len(jobs)} jobs on {big.total} GPUs, doubling: {wall:.2f} s wall, {res.decisions} decisions, "
-          f"{scale['ms_per_decision']:.2f} ms/decision")
+    out = {}
+    for pol in (DEFAULT_POLICY, "doubling"):
+        jobs = load_trace("6214e9", big, limit=n_big)
+        t0 = time.perf_counter()
+        res = simulate(jobs, big, pol, progress=sys.stderr.isatty())
+        wall = time.perf_counter() - t0
+        out[pol] = {"jobs": len(jobs), "gpus": big.total, "wall_s": wall, "decisions": res.decisions,
+                    "ms_per_decision": 1e3 * res.decision_wall_s / max(1, res.decisions), "avg_jct_s": res.avg_jct_s}
+        print(f"scale: {len(jobs)} jobs on {big.total} GPUs, {pol}: {wall:.2f} s wall, {res.decisions} decisions, "
+              f"{out[pol]['ms_per_decision']:.2f} ms/decision, avg JCT {res.avg_jct_s / 3600:.2f} h")
+    return out
 
-    sim_vs_real = None
+
+def _ray_cluster():
+    """Three Ray nodes on this host; the two V100s (one per node) are a custom resource."""
+    from ray.cluster_utils import Cluster
+
+    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # Ray's processes import this tree
+    small = {"object_store_memory": 75 * 2**20, "num_cpus": 2}
+    c = Cluster(initialize_head=True, head_node_args={**small, "resources": {"emu_gpu": 1, "accelerator_type:V100": 1}})
+    c.add_node(**small, resources={"emu_gpu": 1, "accelerator_type:V100": 1})
+    c.add_node(**small)
+    c.wait_for_nodes()
+    return c
+
+
+def executor_runs() -> tuple[dict | None, dict | None, list | None]:
     try:
-        from hetrain.sched.executor import bench_sim_vs_real
+        from hetrain.sched.executor import Backend, bench_sim_vs_real
     except ImportError:
         print("sim vs real: executor not available in this checkout")
-    else:
-        sim_vs_real = bench_sim_vs_real()
-        print(f"sim vs real (executor workload): sim {sim_vs_real['sim_s']:.2f} s, real {sim_vs_real['real_s']:.2f} s, "
-              f"ratio {sim_vs_real['sim_s'] / sim_vs_real['real_s']:.3f}")
+        return None, None, None
+    from hetrain.sched.executor import fit_sweep
 
-    dvf = [r["doubling_over_fifo"] for r in ratios if not r["workload"].startswith("small:")]
-    dvo = [r["doubling_over_optimal"] for r in ratios if r["doubling_over_optimal"]]
-    checks = {"best_doubling_over_fifo": min(dvf), "worst_doubling_over_fifo": max(dvf),
-              "worst_doubling_over_optimal": max(dvo) if dvo else None,
-              "scale_under_60s": wall < 60}
-    print("\nchecks:", json.dumps(checks))
-    out = {"cases": cases, "ratios": ratios, "sim_vs_real": sim_vs_real, "scale": scale, "checks": checks}
+    print("\nfitted ring curve vs measured step time, one job run at each size (local, 0.4 s compute/batch)")
+    sweep = fit_sweep()
+    print(f"  {'GPUs':>5}{'steps':>7}{'measured s':>12}{'compute s':>11}{'comm s':>9}{'fitted s':>10}{'error':>8}"
+          f"{'fit w/o this size':>19}{'error':>8}")
+    for r in sweep:
+        print(f"  {r['gpus']:>5}{r['steps']:>7}{r['measured_s']:>12.4f}{r['compute_s']:>11.4f}{r['comm_s']:>9.4f}"
+              f"{r['fitted_s']:>10.4f}{r['fitted_s'] / r['measured_s'] - 1:>+8.1%}{r['left_out_s']:>19.4f}"
+              f"{r['left_out_s'] / r['measured_s'] - 1:>+8.1%}")
+    print("\nexecutor workload (3 real jobs), policy", DEFAULT_POLICY)
+    local = bench_sim_vs_real(cluster_spec="cpu:2")
+    _print_real("local", local)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        print("ray: not installed (pip install 'hetrain[ray]'); skipped")
+        return local, None, sweep
+    c = _ray_cluster()
+    try:
+        backend = Backend("ray", address=c.address, gpu_resource="emu_gpu", cpus_per_process=0.5)
+        on_ray = bench_sim_vs_real(backend=backend, cluster_spec=None)  # pools read from the Ray cluster
+    finally:
+        import ray
+
+        ray.shutdown()
+        c.shutdown()
+    _print_real("ray", on_ray)
+    return local, on_ray, sweep
+
+
+def _print_real(name: str, out: dict) -> None:
+    print(f"{name:<6} pool {out['cluster']}: real avg JCT {out['real_s']:.2f} s, simulated {out['sim_s']:.2f} s "
+          f"(sim/real {out['ratio']:.3f}); {out['real']['restarts']} restarts, restart {out['restart_s']:.2f} s, "
+          f"cold start {out['start_s']:.2f} s, teardown {out['finish_s']:.2f} s, {out['decision_ms']:.1f} ms per decision")
+    print(f"  {'job':<5}{'GPUs':>10}{'steps':>7}{'measured s':>12}{'fitted s':>10}{'error':>8}{'predicted before':>18}")
+    for row in out["real"]["step_times"]:
+        err = row["fitted_s"] / row["measured_s"] - 1
+        before = row["predicted_before_s"]
+        print(f"  {row['job']:<5}{str(row['gpus']) + ' ' + row['gpu_type']:>10}{row['steps']:>7}"
+              f"{row['measured_s']:>12.4f}{row['fitted_s']:>10.4f}{err:>+8.1%}"
+              f"{(f'{before:.4f}' if before else '-'):>18}")
+
+
+def _summary(out: dict | None) -> dict | None:
+    if out is None:
+        return None
+    errs = [abs(r["fitted_s"] / r["measured_s"] - 1) for r in out["real"]["step_times"]]
+    return {"sim_s": out["sim_s"], "real_s": out["real_s"], "ratio": out["ratio"], "restart_s": out["restart_s"],
+            "start_s": out["start_s"], "finish_s": out["finish_s"], "decision_ms": out["decision_ms"], "restarts": out["real"]["restarts"],
+            "cluster": out["cluster"], "policy": out["policy"], "restart_costs_s": out["real"]["restart_costs_s"],
+            "start_costs_s": out["real"]["start_costs_s"], "finish_costs_s": out["real"]["finish_costs_s"], "jct_s": out["real"]["jct_s"], "sim_jct_s": out["sim"]["jct_s"],
+            "fits": out["real"]["fits"], "step_times": out["real"]["step_times"],
+            "worst_fit_error": max(errs) if errs else None}
+
+
+def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: bool = False) -> dict:
+    cases = simulations(quick)
+    ratios = ratio_table(cases)
+    print()
+    sc = scale(quick)
+    local, on_ray, sweep = (None, None, None) if skip_real else executor_runs()
+    pats = [r for r in ratios if r["workload"] in PATTERNS or r["workload"].startswith("small:")]
+    three_traces = [r for r in ratios if r["workload"].startswith("trace:") and r["cluster"] == "three-type"]
+    d = DEFAULT_POLICY
+    checks = {
+        f"worst_{d}_over_optimum_patterns": max(r[f"{d}_over_optimum"] for r in pats if r[f"{d}_over_optimum"]),
+        f"worst_{d}_over_srtf": max(r[f"{d}_over_srtf"] for r in ratios),
+        f"worst_{d}_over_gavel_three_type_traces": max(r[f"{d}_over_gavel"] for r in three_traces),
+        "worst_doubling_over_optimum_patterns": max(r["doubling_over_optimum"] for r in pats
+                                                    if r["doubling_over_optimum"]),
+        "worst_doubling_over_srtf": max(r["doubling_over_srtf"] for r in ratios),
+        "best_doubling_over_fifo": min(r["doubling_over_fifo"] for r in ratios if r["doubling_over_fifo"]),
+        "scale_under_60s": all(v["wall_s"] < 60 for v in sc.values()),
+        "local_sim_over_real": local["ratio"] if local else None,
+        "ray_sim_over_real": on_ray["ratio"] if on_ray else None,
+        "worst_fit_error_scheduled_runs": max([s["worst_fit_error"] for s in map(_summary, (local, on_ray)) if s and
+                                               s["worst_fit_error"] is not None] or [None]) if (local or on_ray) else None,
+        "worst_fit_error_sweep": max(abs(r["fitted_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
+        "worst_left_out_error_sweep": max(abs(r["left_out_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
+    }
+    print("\nchecks:", json.dumps(checks, indent=1))
+    out = {"default_policy": d, "cases": cases, "ratios": ratios, "scale": sc,
+           "sim_vs_real": _summary(local), "ray": _summary(on_ray), "fit_sweep": sweep, "checks": checks}
     if out_json:
         Path(out_json).write_text(json.dumps(out, indent=1))
         print(f"wrote {out_json}")
     if png_dir:
         from hetrain.sched.plots import plot_jct_cdf, plot_timeline
-        d = Path(png_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        pd = Path(png_dir)
+        pd.mkdir(parents=True, exist_ok=True)
         cl = parse_cluster_spec(CLUSTERS["three-type"])
-        rs = [simulate(make_pattern("poisson", n_jobs, cl, seed=0), cl, p) for p in ["fifo", "srtf", "doubling"]]
-        plot_jct_cdf(rs, d / "sched_jct_cdf.png", title=f"poisson, {n_jobs} jobs on {cl.spec}")
-        plot_timeline(rs[-1], d / "sched_timeline_doubling.png")
+        n = 40 if quick else 100
+        rs = [simulate(make_pattern("poisson", n, cl, seed=0), cl, p) for p in ["fifo", "srtf", "gavel", "doubling", d]]
+        plot_jct_cdf(rs, pd / "sched_jct_cdf.png", title=f"poisson, {n} jobs on {cl.spec}")
+        plot_timeline(rs[-1], pd / f"sched_timeline_{d}.png")
     return out
 
 
@@ -141,8 +250,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 seed, 40-job patterns, 1,000-job scale run")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--png", help="folder for a JCT CDF and an allocation timeline")
+    ap.add_argument("--no-real", action="store_true", help="simulations only (no real jobs, local or on Ray)")
     args = ap.parse_args()
-    bench(args.quick, args.json, args.png)
+    bench(args.quick, args.json, args.png, skip_real=args.no_real)
 
 
 if __name__ == "__main__":

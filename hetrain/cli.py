@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from hetrain.errors import UserError
@@ -19,12 +20,20 @@ _AREAS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (what is wrong, where to look),
-    like every other user error, instead of the whole usage text. Subcommands inherit it."""
+    """Flag mistakes in one line (argparse's default prints the whole usage first);
+    sub-command parsers inherit this class."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        sys.exit(2)
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def one_line(err: BaseException) -> str:
+    """A message on one line: a file with several bad fields lists them joined by '; '."""
+    parts = [line.strip().removeprefix("- ").strip() for line in str(err).splitlines()]
+    text = ""
+    for p in filter(None, parts):
+        text += p if not text else (" " if text.endswith(":") else "; ") + p
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         print("hetrain: interrupted", file=sys.stderr)
         return 130
     except UserError as err:  # user mistakes: a message, no traceback
-        one_line = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        print(f"hetrain: error: {one_line}", file=sys.stderr)
+        print(f"hetrain: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.filename is None:  # not about a path the user gave
+            raise
+        # a path from the command line that cannot be read or written (no such folder, no permission)
+        print(f"hetrain: error: cannot use {err.filename}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    finally:
+        # the work is over: a stop request now has nothing to stop, and Python's shutdown
+        # would restore SIGUSR1's default action (terminate) while atexit hooks still run
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

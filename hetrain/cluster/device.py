@@ -1,6 +1,6 @@
 """Emulated compute devices: a device of speed s ≤ 1 sleeps (1/s − 1) × the measured
 compute time after each real forward/backward, so slow devices cost wall time but no
-CPU (BRIEF §3). The speed can follow a schedule in the cluster file or be changed by an
+CPU. The speed can follow a schedule in the cluster file or be changed by an
 operator writing a number into `<run_dir>/speed/<machine>` (interference emulation).
 
 On a small shared host the real compute of a step is noisy (other processes steal the
@@ -32,7 +32,10 @@ class EmulatedDevice:
         self.step = 0
         self.compute_s = 0.0  # real compute + emulated slowdown
         self.real_s = 0.0
+        self.slept_s = 0.0  # the emulated slowdown asked of time.sleep (it may sleep a little longer)
         self.last_s = 0.0  # the last step's compute (what the balancer measures)
+        self.last_speed = 1.0  # the speed the last step ran at
+        self.last_sleep_s = 0.0
 
     def speed(self) -> float:
         if self.override is not None and self.override.is_file():
@@ -45,9 +48,10 @@ class EmulatedDevice:
         return self.spec.speed_at(self.step)
 
     def check_memory(self, samples: int, bytes_per_sample: float, reserved: float = 0.0) -> None:
-        """Refuse a batch that would not fit in this device's memory cap (emulated OOM)."""
+        """Refuse a batch that would not fit in this device's memory cap (emulated OOM);
+        without a `memory` override the real device enforces its own memory."""
         need = reserved + samples * bytes_per_sample
-        if need > self.spec.memory:
+        if self.spec.memory is not None and need > self.spec.memory:
             raise DeviceMemoryError(
                 f"machine {self.machine or '?'}: a batch of {samples} samples needs {need / 2**20:.1f} MiB but the "
                 f"device has {self.spec.memory / 2**20:.1f} MiB; lower its share (the balancer caps shares by memory)")
@@ -61,9 +65,13 @@ class EmulatedDevice:
         real = time.perf_counter() - t0
         s = self.speed()
         if self.cost_per_sample is not None and samples is not None:
-            time.sleep(max(0.0, samples * self.cost_per_sample / s - real))
-        elif s < 1.0:
-            time.sleep(real * (1.0 / s - 1.0))
+            sleep = max(0.0, samples * self.cost_per_sample / s - real)
+        else:
+            sleep = real * (1.0 / s - 1.0)
+        if sleep > 0:
+            time.sleep(sleep)
+        self.last_speed, self.last_sleep_s = s, sleep
+        self.slept_s += sleep
         self.real_s += real
         self.last_s = time.perf_counter() - t0
         self.compute_s += self.last_s

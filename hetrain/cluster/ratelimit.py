@@ -23,6 +23,8 @@ class SharedTokenBucket:
         self.path = Path(path)
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(64 * 1024, rate / 100))
+        self.consumed = 0  # bytes this process charged to the link (its own share of the machine's)
+        self.waited_s = 0.0  # seconds this process was held back
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         with self._locked():
@@ -49,6 +51,8 @@ class SharedTokenBucket:
             tokens = min(self.burst, tokens + (now - last) * self.rate) - nbytes
             os.pwrite(self._fd, struct.pack(_FMT, tokens, now), 0)
         wait = -tokens / self.rate if tokens < 0 else 0.0
+        self.consumed += nbytes
+        self.waited_s += wait
         if wait > 0:
             time.sleep(wait)
         return wait

@@ -3,8 +3,11 @@
 A cluster is a list of machines. A *worker* machine has a compute device (real or
 emulated by a speed factor) and runs one training process per GPU (`gpus: N`, default
 one), plus a co-located summation server in the modes that use one. A *cpu* machine only runs a summation
-server (BytePS's spare-CPU idea). Files are YAML; every mistake is reported with the
-field's path and what to write instead.
+server (BytePS's spare-CPU idea). A device names its kind (`device: {kind: v100}`), in the
+vocabulary of `hetrain.cluster.hardware`; the file may describe its kinds (`kinds:`),
+and `ClusterSpec.inventory()` counts them, so the planner and the scheduler can work on
+the same file. Files are YAML; every mistake is reported with the field's path and what
+to write instead.
 """
 from __future__ import annotations
 
@@ -12,46 +15,48 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ..errors import UserError
-from ..fileio import format_validation_error, read_structured
+from ..fileio import Strict, read_structured, validate_file
+from .hardware import DeviceKind, HardwareError, Inventory
 from .units import parse_rate, parse_size
 
 Role = Literal["worker", "cpu"]
 Emulation = Literal["none", "netns", "ratelimit", "auto"]
 
 
-class ClusterSpecError(UserError):
+class ClusterSpecError(HardwareError):
     """A cluster file that cannot be used; the message says where and what to fix."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SpeedChange(_Strict):
+class SpeedChange(Strict):
     """From `at_step` on, the device runs at `speed` (emulated interference)."""
 
     at_step: int = Field(ge=0)
     speed: float = Field(gt=0, le=1)
 
 
-class DeviceSpec(_Strict):
-    """A compute device: kind name, speed factor (1 = this host), memory cap (per GPU), and
+class DeviceSpec(Strict):
+    """A worker's compute device: its kind's name (described under the file's `kinds:`, or
+    a bare kind: `cpu` a CPU, anything else a GPU), emulated speed factor (1 = its real speed),
     whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<local rank>`) or
-    emulated on the CPU (the default: CPU tensors, slowed down by the speed factor)."""
+    a CPU (the default; slowed down by the speed factor when below 1), and an optional
+    memory override (per GPU).
+
+    `memory` unset (the default): batch shares are capped by what the device itself
+    reports free (GPU: the driver; CPU: cgroup / RLIMIT_AS / available RAM, see
+    `hetrain.runtime.memory`). Set it to cap shares by a given size instead."""
 
     kind: str = "cpu"
     speed: float = Field(default=1.0, gt=0, le=1)
-    memory: float = Field(default=4 * 2**30, description="bytes, or a string like '4GiB'")
+    memory: float | None = Field(default=None, description="bytes, or a string like '4GiB'; unset: measured")
     speed_schedule: tuple[SpeedChange, ...] = ()
     cuda: bool = False
 
     @field_validator("memory", mode="before")
     @classmethod
-    def _mem(cls, v: object) -> float:
-        return parse_size(v)
+    def _mem(cls, v: object) -> float | None:
+        return None if v is None else parse_size(v)
 
     @field_validator("speed_schedule")
     @classmethod
@@ -69,7 +74,7 @@ class DeviceSpec(_Strict):
         return speed
 
 
-class MachineSpec(_Strict):
+class MachineSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
     role: Role
     device: DeviceSpec | None = None
@@ -116,7 +121,7 @@ class MachineSpec(_Strict):
         return 0 if self.role == "cpu" else (self.gpus or 1)
 
 
-class NetworkSpec(_Strict):
+class NetworkSpec(Strict):
     """How links are emulated on one host: network namespaces with tc, an in-process
     limiter (no root needed), none, or auto (netns when root, else ratelimit)."""
 
@@ -130,8 +135,11 @@ class NetworkSpec(_Strict):
     mtu: int = Field(default=1500, ge=576, le=65535)
 
 
-class ClusterSpec(_Strict):
+class ClusterSpec(Strict):
     name: str = "cluster"
+    # what the machines' device kinds are (class, speed, memory, price, NIC), by name;
+    # optional: a kind described nowhere is a bare kind (DeviceKind.bare)
+    kinds: tuple[DeviceKind, ...] = ()
     machines: tuple[MachineSpec, ...]
     network: NetworkSpec = NetworkSpec()
 
@@ -149,6 +157,21 @@ class ClusterSpec(_Strict):
         if nodes != list(range(len(nodes))):
             raise ValueError(f"node ranks must be 0..N-1 without gaps, got {nodes}")
         return machines
+
+    @model_validator(mode="after")
+    def _kinds(self) -> "ClusterSpec":
+        kinds = [k.name for k in self.kinds]
+        dup = sorted({n for n in kinds if kinds.count(n) > 1})
+        if dup:
+            raise ValueError(f"kinds {dup} are described twice; describe every kind once")
+        described = {k.name: k for k in self.kinds}
+        for i, m in enumerate(self.machines):
+            if m.device is not None and m.device.cuda and m.device.kind in described \
+                    and described[m.device.kind].device_class == "cpu":
+                raise ValueError(f"machines.{i}.device: kind {m.device.kind!r} is a CPU kind (class: cpu under "
+                                 "`kinds:`), but `cuda: true` binds a GPU; describe the kind as class: gpu, "
+                                 "or remove `cuda: true`")
+        return self
 
     @property
     def workers(self) -> tuple[MachineSpec, ...]:
@@ -168,6 +191,33 @@ class ClusterSpec(_Strict):
                 return m
         raise KeyError(f"no machine named {name!r} in cluster {self.name!r}")
 
+    def kind(self, name: str) -> DeviceKind:
+        """The device kind `name` as this file describes it under `kinds:`, else bare."""
+        return next((k for k in self.kinds if k.name == name), None) or DeviceKind.bare(name)
+
+    def kind_of(self, machine: MachineSpec) -> DeviceKind:
+        """A worker's device kind, as `kind` gives it; a CUDA device whose kind is left at
+        the default (`cpu`) and not described is `gpu`, a GPU of any type. (A cpu machine
+        has no device: `cpu`.)"""
+        device = machine.device
+        if device is not None and device.cuda and device.kind == "cpu" and "cpu" not in {k.name for k in self.kinds}:
+            return DeviceKind.bare("gpu")
+        return self.kind(device.kind if device else "cpu")
+
+    def inventory(self) -> Inventory:
+        """The device kinds of the worker machines, each with how many devices (a machine
+        counts once per worker process: `gpus: N`, else 1), in order of first appearance.
+        Summation-only (`role: cpu`) machines hold no device and are not counted."""
+        counts: dict[str, int] = {}
+        for m in self.workers:
+            name = self.kind_of(m).name
+            counts[name] = counts.get(name, 0) + m.local_workers
+        return Inventory.of(counts, name=self.name, described=self.kinds)
+
+    def to_file(self) -> dict:
+        """The cluster as a cluster file's mapping (sizes in bytes, rates in bytes/s)."""
+        return self.model_dump(by_alias=True, exclude_defaults=True)
+
     def subset(self, names) -> "ClusterSpec":
         """The cluster restricted to the named machines (cluster-file order kept), as an
         elastic job runs after machines were left out. Node ranks are renumbered
@@ -176,7 +226,8 @@ class ClusterSpec(_Strict):
         nodes = sorted({m.node for m in keep})
         renum = {n: i for i, n in enumerate(nodes)}
         machines = tuple(m.model_copy(update={"node": renum[m.node]}) for m in keep)
-        return ClusterSpec.model_validate({"name": self.name, "machines": [m.model_dump() for m in machines],
+        return ClusterSpec.model_validate({"name": self.name, "kinds": [k.model_dump() for k in self.kinds],
+                                           "machines": [m.model_dump() for m in machines],
                                            "network": self.network.model_dump()})
 
     def with_emulation(self, emulate: Emulation) -> "ClusterSpec":
@@ -184,12 +235,8 @@ class ClusterSpec(_Strict):
 
 
 def parse_cluster(data: object, source: str = "<dict>") -> ClusterSpec:
-    if not isinstance(data, dict):
-        raise ClusterSpecError(f"invalid cluster file {source}: expected a mapping with a `machines:` list")
-    try:
-        return ClusterSpec.model_validate(data)
-    except ValidationError as err:
-        raise ClusterSpecError(format_validation_error(err, f"invalid cluster file {source}:", "docs/user-guide.md")) from None
+    return validate_file(ClusterSpec, data, what="cluster file", source=source, docs="docs/user-guide.md",
+                         error=ClusterSpecError, expected="a mapping with a `machines:` list")
 
 
 def load_cluster(path: str | Path | None) -> ClusterSpec:
@@ -203,8 +250,20 @@ def default_cluster() -> ClusterSpec:
     """4 worker machines of mixed speed and 2 CPU-only machines, all on this host."""
     speeds = [1.0, 1.0, 0.5, 0.25]
     machines = [
-        {"name": f"w{i}", "role": "worker", "device": {"kind": f"emu{s:g}", "speed": s, "memory": "2GiB"},
+        {"name": f"w{i}", "role": "worker", "device": {"kind": f"emu{s:g}", "speed": s},
          "bandwidth": "10gbit"}
         for i, s in enumerate(speeds)
     ] + [{"name": f"c{j}", "role": "cpu", "bandwidth": "10gbit"} for j in range(2)]
     return parse_cluster({"name": "default", "machines": machines}, "<default>")
+
+
+def gpu_demo_cluster(cpu_workers: int = 3, servers: int = 2) -> ClusterSpec:
+    """This host as a real heterogeneous cluster: its GPU as one worker, `cpu_workers`
+    CPU workers and `servers` CPU summation machines, all on 127.0.0.1. Devices are
+    real (no emulated speed); memory is measured. `hetrain demo` uses it where CUDA is
+    available."""
+    machines = [{"name": "gpu0", "role": "worker", "device": {"kind": "cuda", "cuda": True}, "bandwidth": "10gbit"}]
+    machines += [{"name": f"cpu{i}", "role": "worker", "device": {"kind": "cpu"}, "bandwidth": "10gbit"}
+                 for i in range(cpu_workers)]
+    machines += [{"name": f"c{j}", "role": "cpu", "bandwidth": "10gbit"} for j in range(servers)]
+    return parse_cluster({"name": "gpu-host", "machines": machines}, "<gpu demo>")

@@ -7,6 +7,13 @@ for host tensors, comm/cuda.py for CUDA tensors) and the transport chosen once f
 worker (comm/transport.py). In every mode the result is the batch-weighted average
 Σ b_i g_i / Σ b_i, so workers with different batch sizes produce the update one machine
 would on the whole global batch.
+
+An engine serves either the whole job's workers (`PushPull(ctx)`) or a subgroup of them
+(`PushPull(ctx, group)`, comm/group.py: e.g. a pipeline stage's replicas). A subgroup
+engine all-reduces among its members only (gloo, or NCCL where every member is a GPU of
+its own); its step header, manifests and mismatch errors are the group's, naming its
+members by their job ranks. One engine per group: the engines of different groups in
+one process never share a collective.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import torch
 from ..errors import UserError
 from ..runtime.context import Context, init
 from .flatlayout import FlatLayout
+from .group import Group
 from .layout import Manifest
 from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
 from .staging import HostDirect, HostWork, Staging
@@ -88,12 +96,18 @@ def check_tensors(named, worker_device: torch.device | None, what: str = "push_p
 
 
 class PushPull:
-    def __init__(self, ctx: Context | None = None):
+    def __init__(self, ctx: Context | None = None, group: Group | None = None):
         self.ctx = ctx or init()
+        self.group = group
+        if group is not None and not group.member:
+            raise UserError(f"{self.ctx.describe(self.ctx.rank)} is not a member of {group.describe()}; make the "
+                            "engine of a group only on its members")
         self.stats = CommStats()
-        self.transport = make_transport(self.ctx) if self.ctx.distributed else None
-        servers = [p.rank for p in self.ctx.topology.servers] if self.ctx.topology else []
-        self.protocol = Announcer(self.ctx, servers, self._new_layout) if self.ctx.distributed else None
+        # a group of one (or a one-process job) moves nothing: only the weighting applies
+        self.local = not self.ctx.distributed or (group is not None and group.size == 1)
+        self.transport = make_transport(self.ctx, group) if not self.local else None
+        servers = [p.rank for p in self.ctx.topology.servers] if self.ctx.topology and group is None else []
+        self.protocol = Announcer(self.ctx, servers, self._new_layout, group) if not self.local else None
         self._layout: FlatLayout | None = None
         self._stagings: dict[torch.device, Staging] = {}
         self._cuda = None
@@ -133,12 +147,12 @@ class PushPull:
             raise UserError(f"push_pull weight must be a non-negative integer batch size, got {weight!r}")
         ctx = self.ctx
         device = check_tensors(named, ctx.device if ctx.distributed else None)
-        if ctx.distributed and ctx.comm.sync != "sync":
+        if ctx.distributed and ctx.comm.sync != "sync" and self.group is None:
             raise UserError(f"push_pull is synchronous but this job runs sync={ctx.comm.sync!r}; use "
                             "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
         manifest = Manifest.of(named)
         t0 = time.perf_counter()
-        if not ctx.distributed:  # one process: the weighted average of one worker is itself
+        if self.local:  # one process: the weighted average of one worker is itself
             if average and weight == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
             self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
@@ -225,7 +239,7 @@ class PushPull:
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
         ctx = self.ctx
-        if not ctx.distributed or not ctx.topology.servers or ctx.failed:
+        if self.local or self.group is not None or not ctx.topology.servers or ctx.failed:
             return
         if ctx.comm.sync != "sync":
             from .async_ps import send_stop
@@ -242,8 +256,11 @@ class PushPull:
         if len(parts) >= MAX_PARTITIONS:
             raise UserError(f"{len(parts)} partitions per step is more than hetrain supports ({MAX_PARTITIONS}); "
                             "raise --partition-bytes")
-        codecs = wire_codecs(manifest, ctx.comm, ctx.cluster) if ctx.topology.servers else None
-        self._layout = FlatLayout.build(manifest, parts, codecs, ctx.topology.worker_machines)
+        if self.group is not None:  # all-reduce among the members: fp32, no pushers
+            self._layout = FlatLayout.build(manifest, parts, None, [[r] for r in self.group.ranks])
+        else:
+            codecs = wire_codecs(manifest, ctx.comm, ctx.cluster) if ctx.topology.servers else None
+            self._layout = FlatLayout.build(manifest, parts, codecs, ctx.topology.worker_machines)
         self._stagings.clear()  # buffers (pinned ones included) are allocated once per layout
 
     def _staging_for(self, device: torch.device) -> Staging:
@@ -264,7 +281,7 @@ class PushPull:
             self._cuda = cuda.Cuda(device, self.ctx.describe(self.ctx.rank))
         if self.transport.direct:
             return cuda.CudaDirect(layout, self._cuda)
-        nccl = (self.ctx.nccl_group is not None if isinstance(self.transport, AllReduceTransport)
+        nccl = (self.transport.members.nccl is not None if isinstance(self.transport, AllReduceTransport)
                 else self.ctx.backends.local.get(self.ctx.machine_name) == "nccl")
         if nccl:
             return cuda.CudaWorkDevice(layout, self._cuda, server_leg=isinstance(self.transport, HierarchicalTransport))

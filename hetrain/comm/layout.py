@@ -86,8 +86,10 @@ def exchange_manifests(mine: Manifest | None, group=None) -> list[Manifest | Non
     return out
 
 
-def describe_mismatch(manifests: dict[int, Manifest]) -> str:
-    """Name the first tensor on which workers disagree, and who holds which version."""
+def describe_mismatch(manifests: dict[int, Manifest], scope: str = "") -> str:
+    """Name the first tensor on which workers disagree, and who holds which version
+    (`manifests` by job rank; `scope` names the group of workers, when not the job's)."""
+    who = f"the workers of {scope}" if scope else "workers"
     ranks = sorted(manifests)
     names_by_rank = {r: {e.name: e for e in manifests[r].entries} for r in ranks}
     all_names: list[str] = []
@@ -103,7 +105,7 @@ def describe_mismatch(manifests: dict[int, Manifest]) -> str:
             versions.setdefault(key, []).append(r)
         if len(versions) > 1:
             parts = "; ".join(f"{v} on rank(s) {rs}" for v, rs in versions.items())
-            return (f"workers pushed different tensors in the same step: tensor {name!r} has {parts}. "
+            return (f"{who} pushed different tensors in the same step: tensor {name!r} has {parts}. "
                     "Every worker must push_pull the same named tensors with the same shapes, in the same order.")
     orders = {r: [e.name for e in manifests[r].entries] for r in ranks}
-    return f"workers pushed the same tensors in different orders: {orders}. Push them in one fixed order."
+    return f"{who} pushed the same tensors in different orders: {orders}. Push them in one fixed order."

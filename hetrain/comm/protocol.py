@@ -46,17 +46,20 @@ class Header:
 
 
 def exchange_header(*, digest: int = 0, weight: int = 0, stop: bool = False, numel: int = 0,
-                    is_worker: bool, conflict: int = 0) -> Header:
+                    is_worker: bool, conflict: int = 0, group=None) -> Header:
+    """All-reduce the header over `group` (default: every rank of the job)."""
     w = 1 if is_worker else 0
     t = torch.tensor([digest * w, digest * digest * w, weight * w, int(stop) * w, w, numel * w, conflict],
                      dtype=torch.int64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return Header(*(int(x) for x in t.tolist()))
 
 
 def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers: int = 1,
-                 machine_names: Sequence[str] = ()) -> None:
-    """Raise the same clear error on every rank when the workers disagree."""
+                 machine_names: Sequence[str] = (), group=None) -> None:
+    """Raise the same clear error on every rank when the workers disagree. With `group`
+    (a `comm.group.Group`) the header and the manifests are the group's, and the error
+    names the group and its members by their job ranks."""
     if h.workers != n_workers:  # pragma: no cover - world mismatch is caught at init
         raise RuntimeError(f"expected {n_workers} workers in the step header, got {h.workers}")
     if 0 < h.stops < n_workers:
@@ -71,9 +74,13 @@ def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers
             "workers of a machine add their gradients before the servers see them, so they must all average "
             "or all sum")
     if not h.agreed:
-        manifests = exchange_manifests(manifest)
-        workers = {r: m for r, m in enumerate(manifests) if m is not None}
-        raise TensorMismatchError(describe_mismatch(workers))
+        if group is None:
+            manifests = exchange_manifests(manifest)
+            workers = {r: m for r, m in enumerate(manifests) if m is not None}
+            raise TensorMismatchError(describe_mismatch(workers))
+        manifests = exchange_manifests(manifest, group.gloo)
+        workers = {group.global_rank(i): m for i, m in enumerate(manifests) if m is not None}
+        raise TensorMismatchError(describe_mismatch(workers, scope=group.describe()))
 
 
 # ---- the fast path: one direct control message per worker and server ------------------
@@ -202,10 +209,14 @@ class Announcer:
     """Worker side of the step protocol: announce each step to the servers (or, without
     servers, all-reduce the header), take the header path when the servers ask for it, and
     keep the layout every rank agreed on (its digest and epoch). `on_layout(manifest)` is
-    called when a new layout has been agreed, before any partition of it is sent."""
+    called when a new layout has been agreed, before any partition of it is sent. With
+    `group` (a `comm.group.Group`, no servers) the header is the group's alone."""
 
-    def __init__(self, ctx, servers: list[int], on_layout: Callable[[Manifest], None]):
+    def __init__(self, ctx, servers: list[int], on_layout: Callable[[Manifest], None], group=None):
         self.ctx = ctx
+        self.group = group
+        if group is not None and servers:
+            raise ValueError("a group engine all-reduces among its members; it has no summation servers")
         self.servers = servers
         self.on_layout = on_layout
         self.digest = 0
@@ -252,14 +263,16 @@ class Announcer:
 
     def header(self, manifest: Manifest, weight: int) -> int:
         """The global step header (every rank): new layouts, mismatches and stops."""
-        ctx = self.ctx
+        ctx, g = self.ctx, self.group
+        where = "exchanging the step header" + (f" of {g.describe()}" if g is not None else "")
         try:
-            h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True)
+            h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True,
+                                group=g.gloo if g is not None else None)
         except RuntimeError as err:
-            raise ctx.peer_error("exchanging the step header", [], err) from None
+            raise ctx.peer_error(where, [r for r in g.ranks if r != ctx.rank] if g is not None else [], err) from None
         self._check(h, manifest)
         if h.digest != self.digest:
-            exchange_manifests(manifest)
+            exchange_manifests(manifest, g.gloo if g is not None else None)
             self.digest = h.digest
             self.epoch += 1
             self.on_layout(manifest)
@@ -267,7 +280,8 @@ class Announcer:
 
     def _check(self, h: Header, manifest: Manifest | None) -> None:
         try:
-            check_header(h, self.ctx.num_workers, manifest, len(self.servers), self.machine_names)
+            n = self.group.size if self.group is not None else self.ctx.num_workers
+            check_header(h, n, manifest, len(self.servers), self.machine_names, self.group)
         except TensorMismatchError:
             self.ctx.failed = True
             raise

@@ -206,7 +206,19 @@ class ServerTransport(Transport):
 
 class AllReduceTransport(Transport):
     """Buckets all-reduced among the workers as soon as they are complete, in a fixed
-    order (every worker must issue collectives in the same order)."""
+    order (every worker must issue collectives in the same order). The workers are the
+    job's, or a subgroup's (`group`, a `comm.group.Group`: a pipeline stage's replicas)."""
+
+    def __init__(self, ctx, group=None):
+        super().__init__(ctx)
+        self._group = group
+
+    @property
+    def members(self):
+        """The group all-reduced over (the job's workers unless a subgroup was given)."""
+        from .group import job_group
+
+        return self._group if self._group is not None else job_group(self.ctx)
 
     def partitions(self, numel: int) -> list[Partition]:
         """Buckets where they can overlap something (GPU copies, NCCL, --overlap); one
@@ -214,13 +226,25 @@ class AllReduceTransport(Transport):
         buckets = self.ctx.device.type == "cuda" or self.ctx.comm.overlap
         return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
 
+    @property
+    def _what(self) -> str:
+        g = self.members
+        return "all-reducing gradients" + ("" if g.whole_job else f" among {g.describe()}")
+
+    @property
+    def _peers(self) -> list[int]:
+        """Whom to blame for a failed collective when the launcher has not named a dead
+        rank: a subgroup's other members (the job's workers: found by who is stuck)."""
+        g = self.members
+        return [] if g.whole_job else [r for r in g.ranks if r != self.ctx.rank]
+
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)
         self.order = self.layout.order(self.backward_order())
         self.next = 0
         self.ready: set[int] = set()
         self.works: deque = deque()
-        self.group = self.ctx.nccl_group if staging.on_device else self.ctx.worker_group
+        self.group = self.members.nccl if staging.on_device else self.members.gloo
 
     def filled(self, pids: list[int]) -> None:
         pass
@@ -232,13 +256,13 @@ class AllReduceTransport(Transport):
             if not self.staging.on_device:
                 p2p.host_only(view, f"all-reducing bucket {pid} over gloo")
             if self.ctx.bucket is not None:  # a ring moves 2(n-1)/n of the buffer through each uplink
-                n = self.ctx.num_workers
+                n = self.members.size
                 self.ctx.bucket.consume(int(2 * (n - 1) / n * view.numel() * 4))
             self._touch()
             try:
                 work = dist.all_reduce(view, group=self.group, async_op=True)
             except RuntimeError as err:
-                raise self.ctx.peer_error("all-reducing gradients", [], err) from None
+                raise self.ctx.peer_error(self._what, self._peers, err) from None
             self.works.append((pid, work))
             self.next += 1
 
@@ -252,7 +276,7 @@ class AllReduceTransport(Transport):
             self._launch()
         while self.works:
             pid, work = self.works.popleft()
-            p2p.wait(work, self.ctx.peer_error, "all-reducing gradients")
+            p2p.wait(work, self.ctx.peer_error, self._what, self._peers)
             self.staging.deliver(pid)
             n = self.layout.parts[pid].length * 4
             self.bytes_out += n
@@ -386,8 +410,11 @@ class HierarchicalTransport(Transport):
                 raise RuntimeError(f"hierarchical push_pull stalled at {self.delivered} of {total} partitions")
 
 
-def make_transport(ctx) -> Transport:
-    """The job's transport for this worker, decided once from the topology."""
+def make_transport(ctx, group=None) -> Transport:
+    """The job's transport for this worker, decided once from the topology; a subgroup
+    (`group`) always all-reduces among its members."""
+    if group is not None:
+        return AllReduceTransport(ctx, group)
     if not ctx.topology or not ctx.topology.servers:
         return AllReduceTransport(ctx)
     if ctx.local_groups is not None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UserError  # dependency-free: perf stays numpy-only
+
 
 def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
     """Bandwidth-optimal ring all-reduce: each NIC moves 2(n-1)/n · M."""
@@ -25,7 +27,7 @@ def byteps_split(n: int, k: int, nbytes: float = 1.0) -> tuple[float, float]:
     For k > n only CPU servers are used (M_gpu = 0, M_cpu = M/k).
     """
     if n < 1 or k < 0:
-        raise ValueError(f"need n >= 1 worker machines and k >= 0 CPU machines, got n={n}, k={k}")
+        raise UserError(f"need n >= 1 worker machines and k >= 0 CPU machines, got n={n}, k={k}")
     if k > n:
         return nbytes / k, 0.0
     if n == 1:  # one worker machine: summing stays local, nothing crosses a NIC
@@ -52,7 +54,7 @@ def byteps_speedup_over_allreduce(n: int, k: int) -> float:
 def ps_time(nbytes: float, n: int, k: int, bandwidth: float) -> float:
     """Plain PS on k CPU servers: a server NIC carries n·M/k, a worker NIC carries M."""
     if k < 1:
-        raise ValueError("a parameter server needs at least one CPU machine (k >= 1)")
+        raise UserError("a parameter server needs at least one CPU machine (k >= 1)")
     return max(nbytes, n * nbytes / k) / bandwidth
 
 
@@ -84,9 +86,9 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
     cpu_bw = np.asarray(cpu_bw, dtype=float)
     n, k = len(worker_bw), len(cpu_bw)
     if n < 1:
-        raise ValueError("need at least one worker machine")
+        raise UserError("need at least one worker machine")
     if np.any(worker_bw <= 0) or np.any(cpu_bw <= 0):
-        raise ValueError("bandwidths must be positive")
+        raise UserError("bandwidths must be positive")
     if n == 1:
         return SplitPlan(np.array([float(nbytes)]), np.zeros(k), 0.0)
     # Solve in units of the fastest NIC: raw bytes/s (1e9 and up) give coefficients

@@ -11,10 +11,14 @@ global steps, or per-GPU minibatches as in Gavel's measurements):
 - `TableCurve`: measured rates per GPU type and count (Gavel's
   `simulation_throughputs.json`), linearly interpolated between measured counts.
 
-`fit_ring` fits the ring form to measured step times (least squares, non-negative
-coefficients), which is how the executor turns a few timed steps into a curve.
-`rate_table` turns any curve into a dense (types × counts) array so policies and the
-simulator look rates up in O(1).
+`fit_job` fits a job's ring curve (overhead, compute per GPU type, bandwidth and
+latency) to the step times its workers report, split into compute and communication
+(least squares, non-negative coefficients): the scheduler's executor re-fits it as a
+job runs at new sizes and the policies plan with it (fit, then schedule, as AdaptDL
+does). `fit_ring` is the same fit from total step times alone, where the bandwidth
+term must be given. `rate_table` turns any curve into a dense (types × counts) array
+so policies and the simulator look rates up in O(1). `completion_time` is the one
+formula for "seconds to finish" used by every policy.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from ..errors import UserError  # dependency-free: perf stays numpy-only
 from .comm import ring_allreduce_time
 
 
@@ -53,16 +58,16 @@ class RingCurve:
 
     def __post_init__(self) -> None:
         if not self.compute_s:
-            raise ValueError("RingCurve needs compute_s for at least one GPU type, e.g. {'v100': 0.1}")
+            raise UserError("RingCurve needs compute_s for at least one GPU type, e.g. {'v100': 0.1}")
         for t, c in self.compute_s.items():
             if not c > 0:
-                raise ValueError(f"compute_s[{t!r}] must be > 0 seconds, got {c}")
+                raise UserError(f"compute_s[{t!r}] must be > 0 seconds, got {c}")
         if self.bandwidth <= 0:
-            raise ValueError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+            raise UserError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
         if self.model_bytes < 0 or self.latency < 0 or self.overhead_s < 0:
-            raise ValueError("model_bytes, latency and overhead_s must be >= 0")
+            raise UserError("model_bytes, latency and overhead_s must be >= 0")
         if self.max_g < 1:
-            raise ValueError(f"max_g must be >= 1, got {self.max_g}")
+            raise UserError(f"max_g must be >= 1, got {self.max_g}")
 
     def step_time(self, gpu_type: str, g: int) -> float:
         c = self.compute_s[gpu_type]
@@ -153,11 +158,11 @@ def fit_ring(gpus: Sequence[int], step_times: Sequence[float], comm_s: float = 0
     g = np.asarray(gpus, dtype=float)
     y = np.asarray(step_times, dtype=float)
     if g.shape != y.shape or len(g) == 0:
-        raise ValueError("fit_ring needs as many step times as GPU counts (at least one)")
+        raise UserError("fit_ring needs as many step times as GPU counts (at least one)")
     if np.any(g < 1) or np.any(y <= 0):
-        raise ValueError("GPU counts must be >= 1 and step times > 0")
+        raise UserError("GPU counts must be >= 1 and step times > 0")
     if comm_s < 0:
-        raise ValueError(f"comm_s must be >= 0, got {comm_s}")
+        raise UserError(f"comm_s must be >= 0, got {comm_s}")
     resid = y - comm_s * 2 * (g - 1) / g
     cols = [np.ones_like(g), 1.0 / g]
     if latency_term:
@@ -176,8 +181,107 @@ def rate_table(curve: ScalingCurve, gpu_types: Sequence[str], max_g: int) -> np.
     return out
 
 
-def completion_time(remaining: float, rate: float, restart_s: float = 0.0) -> float:
-    """Seconds to finish `remaining` work at `rate`, after a restart pause; inf if rate is 0."""
-    if rate <= 0:
-        return float("inf")
-    return restart_s + remaining / rate
+def completion_time(remaining, rate, restart_s=0.0):
+    """Seconds to finish `remaining` work at `rate` after a restart pause; inf where the
+    rate is 0. Scalars give a float; numpy arrays (broadcast) give an array."""
+    if not isinstance(remaining, np.ndarray) and not isinstance(rate, np.ndarray) \
+            and not isinstance(restart_s, np.ndarray):  # the scalar path is hot in policies: keep it cheap
+        return float(restart_s + remaining / rate) if rate > 0 else float("inf")
+    rate = np.asarray(rate, dtype=float)
+    pos = rate > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(pos, restart_s + np.asarray(remaining, dtype=float) / np.where(pos, rate, 1.0), np.inf)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """What a job's workers measured at one size: mean seconds per step of computing
+    (forward, backward, optimizer) and of communicating (gradient sum, step agreement),
+    over `steps` steps on `g` GPUs of `gpu_type`."""
+
+    gpu_type: str
+    g: int
+    steps: int
+    compute_s: float
+    comm_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclass(frozen=True)
+class JobFit:
+    """A fitted ring curve: step(T, g) = overhead + compute[T]/g + 2(g-1)/g·M/B + 2(g-1)·latency.
+    `measured` says which parts came from measurements rather than from the prior."""
+
+    overhead_s: float
+    compute_s: Mapping[str, float]  # one global batch on one GPU of each type
+    model_bytes: float
+    bandwidth: float
+    latency: float
+    measured: frozenset = frozenset()  # subset of {"compute:<type>", "overhead", "bandwidth", "latency"}
+
+    def curve(self, max_g: int = 64) -> RingCurve:
+        return RingCurve(dict(self.compute_s), model_bytes=self.model_bytes, bandwidth=self.bandwidth,
+                         latency=self.latency, overhead_s=self.overhead_s, max_g=max_g)
+
+    def step_time(self, gpu_type: str, g: int) -> float:
+        return self.curve().step_time(gpu_type, g)
+
+
+def fit_job(samples: Sequence[StepSample], prior: RingCurve) -> JobFit:
+    """Fit a job's ring curve to its measured steps; the prior fills what was not measured.
+
+    Compute and communication are fitted separately, which is what makes the bandwidth
+    identifiable (from total step times alone 2(g-1)/g is a mix of the other two terms):
+    - compute(T, g) = overhead + c_T / g: one overhead for the job, one c_T per GPU type,
+      by non-negative least squares weighted by steps. A type seen at one size only keeps
+      the prior's overhead; a type never seen scales the fitted compute by the prior's
+      ratio between types.
+    - comm(g) = 2(g-1)/g · M/B (+ 2(g-1)·latency once two sizes >= 2 were seen): M is the
+      job's gradient bytes, so the fit gives the bandwidth B the job really gets.
+    """
+    samples = [s for s in samples if s.steps > 0]
+    M = prior.model_bytes
+    measured: set[str] = set()
+    overhead, compute = prior.overhead_s, dict(prior.compute_s)
+    types = sorted({s.gpu_type for s in samples if s.gpu_type in compute})
+    if types:
+        rows = [s for s in samples if s.gpu_type in compute]
+        w = np.sqrt([s.steps for s in rows])
+        y = np.array([s.compute_s for s in rows])
+        sizes = {t: {s.g for s in rows if s.gpu_type == t} for t in types}
+        fit_overhead = any(len(v) >= 2 for v in sizes.values())
+        cols = [[1.0 / s.g if s.gpu_type == t else 0.0 for s in rows] for t in types]
+        if fit_overhead:
+            cols.insert(0, [1.0] * len(rows))
+            x = _nnls(np.array(cols).T * w[:, None], y * w)
+            overhead, coef = float(x[0]), x[1:]
+            measured.add("overhead")
+        else:
+            x = _nnls(np.array(cols).T * w[:, None], (y - overhead) * w)
+            coef = x
+        fitted = {t: float(c) for t, c in zip(types, coef) if c > 0}
+        measured.update(f"compute:{t}" for t in fitted)
+        if fitted:  # unseen types: the prior's ratio to the fitted ones
+            ratio = np.median([fitted[t] / prior.compute_s[t] for t in fitted])
+            compute = {t: fitted.get(t, prior.compute_s[t] * ratio) for t in prior.compute_s}
+    bandwidth, latency = prior.bandwidth, prior.latency
+    multi = [s for s in samples if s.g >= 2]
+    if multi and M > 0:
+        g = np.array([s.g for s in multi], dtype=float)
+        w = np.sqrt([s.steps for s in multi])
+        y = np.array([s.comm_s for s in multi])
+        cols = [2 * (g - 1) / g]
+        if len(set(g.tolist())) >= 2:
+            cols.append(2 * (g - 1))
+        x = _nnls(np.stack(cols, axis=1) * w[:, None], y * w)
+        bandwidth = float(M / x[0]) if x[0] > 0 else float("inf")
+        measured.add("bandwidth")
+        if len(cols) == 2:
+            latency = float(x[1])
+            measured.add("latency")
+        else:
+            latency = 0.0  # one size: the bandwidth term carries the latency too
+    return JobFit(overhead, compute, M, bandwidth, latency, frozenset(measured))

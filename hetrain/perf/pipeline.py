@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import UserError  # dependency-free: perf stays numpy-only
 from .comm import ring_allreduce_time, transfer_time
 
 INF = np.inf
@@ -50,10 +51,10 @@ class CostParams:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
         for name in ("dense_state_factor", "sparse_state_factor", "activation_factor", "latency"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -76,21 +77,21 @@ class Workload:
     def __post_init__(self) -> None:
         c = np.asarray(self.compute, dtype=float)
         if c.ndim != 2 or c.shape[0] < 1 or c.shape[1] < 1:
-            raise ValueError(f"compute must be an (L, R) array with L, R >= 1, got shape {c.shape}")
+            raise UserError(f"compute must be an (L, R) array with L, R >= 1, got shape {c.shape}")
         L, R = c.shape
         object.__setattr__(self, "compute", c)
         for name, n in (("act_bytes", L), ("dense_param_bytes", L), ("sparse_param_bytes", L),
                         ("price", R), ("count", R), ("memory", R), ("bandwidth", R)):
             a = np.asarray(getattr(self, name), dtype=float)
             if a.shape != (n,):
-                raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
+                raise UserError(f"{name} must have shape ({n},), got {a.shape}")
             if np.any(a < 0) or not np.all(np.isfinite(a)):
-                raise ValueError(f"{name} must be finite and >= 0")
+                raise UserError(f"{name} must be finite and >= 0")
             object.__setattr__(self, name, a)
         if np.any(np.isnan(c)) or np.any(c <= 0):
-            raise ValueError("compute times must be > 0 (use inf for a layer a type cannot run)")
+            raise UserError("compute times must be > 0 (use inf for a layer a type cannot run)")
         if np.any(self.bandwidth <= 0):
-            raise ValueError("bandwidth must be > 0")
+            raise UserError("bandwidth must be > 0")
         s = self.act_bytes if self.stored_act_bytes is None else np.asarray(self.stored_act_bytes, float)
         object.__setattr__(self, "stored_act_bytes", s)
 
@@ -180,7 +181,7 @@ def _boundary_bytes(w: Workload) -> tuple[np.ndarray, np.ndarray]:
 def stage_tables(w: Workload, target: float, params: CostParams = CostParams()) -> StageTables:
     """Vectorised smallest-k and price of every (i, j, r) stage; O(L²R) memory."""
     if not target > 0:
-        raise ValueError(f"throughput target must be > 0 samples/s, got {target}")
+        raise UserError(f"throughput target (--throughput) must be > 0 samples/s, got {target}")
     L, R = w.compute.shape
     cum = np.vstack([np.zeros((1, R)), np.cumsum(w.compute, axis=0)])          # (L+1, R)
     comp = cum[None, :, :] - cum[:, None, :]                                       # (i, j, r)
@@ -254,9 +255,9 @@ def evaluate(w: Workload, assignment, target: float, params: CostParams = CostPa
     """Score one plan. Instance counts default to the smallest meeting the target."""
     a = tuple(int(x) for x in assignment)
     if len(a) != w.n_layers:
-        raise ValueError(f"assignment has {len(a)} entries, the model has {w.n_layers} layers")
+        raise UserError(f"assignment has {len(a)} entries, the model has {w.n_layers} layers")
     if any(x < 0 or x >= w.n_types for x in a):
-        raise ValueError(f"assignment entries must be type indices 0..{w.n_types - 1}")
+        raise UserError(f"assignment entries must be type indices 0..{w.n_types - 1}")
     a_in, a_out = _boundary_bytes(w)
     out: list[Stage] = []
     reasons: list[str] = []

@@ -1,2 +1,2 @@
 """HeterPS runtime: run a placement plan as a pipeline of CPU and dense stages with a
-sharded sparse parameter server (issue #6). See docs/heterps-runtime.md."""
+sharded sparse parameter server. See docs/heterps-runtime.md."""

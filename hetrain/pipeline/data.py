@@ -14,6 +14,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 CHUNK = 4096
 
 
@@ -31,9 +33,9 @@ class CTRDataConfig:
 
     def __post_init__(self) -> None:
         if self.n_tables < 1 or self.rows < 2 or self.n_dense < 1:
-            raise ValueError(f"CTR data needs n_tables >= 1, rows >= 2, n_dense >= 1; got {self}")
+            raise UserError(f"CTR data needs n_tables >= 1, rows >= 2, n_dense >= 1; got {self}")
         if not self.zipf >= 0:
-            raise ValueError(f"zipf must be >= 0 (0 = uniform IDs), got {self.zipf}")
+            raise UserError(f"zipf must be >= 0 (0 = uniform IDs), got {self.zipf}")
 
 
 class CTRData:
@@ -108,15 +110,30 @@ class CTRData:
 
 
 class MicroBatchLoader:
-    """Streams the micro-batches one stage replica owns: micro-batch i of step s covers
-    samples [s·B + off_i, s·B + off_i + m_i) of the training stream."""
+    """Streams the micro-batches one stage replica owns. A step s covers samples
+    [s·B, (s+1)·B) of the training stream; micro-batch i (owned by replica i mod k of the
+    first stage) covers a slice of it, laid out replica by replica: the micro-batches of
+    replica 0 first, then replica 1's, ... So each replica reads one contiguous block and
+    generates only the chunks of its own share (about 1/k of the step's data), and the
+    step's samples are exactly those one process trains on."""
 
-    def __init__(self, data: CTRData, batch: int, sizes: list[int]):
+    def __init__(self, data: CTRData, batch: int, sizes: list[int], replicas: int = 1):
         self.data, self.batch, self.sizes = data, batch, sizes
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        self.offsets = micro_batch_offsets(sizes, replicas)
 
     def get(self, step: int, mb: int):
         return self.data.samples(step * self.batch + int(self.offsets[mb]), int(self.sizes[mb]))
+
+
+def micro_batch_offsets(sizes: list[int], replicas: int = 1) -> list[int]:
+    """Offset of each micro-batch in its step when micro-batch i goes to replica i mod
+    `replicas` and each replica's micro-batches are consecutive samples."""
+    order = sorted(range(len(sizes)), key=lambda i: (i % replicas, i // replicas))
+    out, off = [0] * len(sizes), 0
+    for i in order:
+        out[i] = off
+        off += sizes[i]
+    return out
 
 
 def auc(scores, labels) -> float:

@@ -25,6 +25,8 @@ import torch
 
 from ..comm import p2p
 
+from ..errors import UserError
+
 PULL, PUSH, COMMIT, STOP = 1, 2, 3, 4
 TAG_HDR, TAG_IDS, TAG_ROWS, TAG_GRAD = (p2p.SPARSE_PS(i) for i in range(4))
 
@@ -39,9 +41,9 @@ class SparseOptim:
 
     def __post_init__(self) -> None:
         if self.kind not in ("adagrad", "sgd"):
-            raise ValueError(f"sparse optimizer must be 'adagrad' or 'sgd', got {self.kind!r}")
+            raise UserError(f"sparse optimizer (--optimizer) must be 'adagrad' or 'sgd', got {self.kind!r}")
         if not self.lr > 0:
-            raise ValueError(f"learning rate must be > 0, got {self.lr}")
+            raise UserError(f"learning rate (--lr) must be > 0, got {self.lr}")
 
 
 def shards_needed(total_rows: int, dim: int, memory_cap: float, requested: int = 1,
@@ -49,9 +51,9 @@ def shards_needed(total_rows: int, dim: int, memory_cap: float, requested: int =
     """Shards so that every shard's rows and optimizer state fit in ``memory_cap`` bytes:
     max(requested, ceil(bytes / cap)). A table larger than one cap is thereby split."""
     if requested < 1:
-        raise ValueError(f"need at least one sparse-PS shard, got {requested}")
+        raise UserError(f"need at least one sparse-PS shard (--ps-shards), got {requested}")
     if not memory_cap > 0:
-        raise ValueError(f"shard memory cap must be > 0 bytes, got {memory_cap}")
+        raise UserError(f"shard memory cap (--ps-memory) must be > 0 bytes, got {memory_cap}")
     need = total_rows * dim * 4 * state_factor
     return max(requested, math.ceil(need / memory_cap))
 
@@ -61,7 +63,7 @@ class ShardLayout:
 
     def __init__(self, table_rows: list[int], n_shards: int):
         if n_shards < 1:
-            raise ValueError(f"need at least one shard, got {n_shards}")
+            raise UserError(f"need at least one shard (--ps-shards), got {n_shards}")
         self.table_rows = [int(r) for r in table_rows]
         self.n = int(n_shards)
         off = [0]
@@ -160,7 +162,11 @@ class SparseClient:
 
     def pull(self, keys: torch.Tensor, step: int) -> torch.Tensor:
         """Rows for distinct ``keys`` (int64, 1-D), gathered from their shards."""
-        out = torch.empty(keys.numel(), self.dim)
+        return self.wait(self.start(keys, step))
+
+    def start(self, keys: torch.Tensor, step: int):
+        """Post the pull of ``keys``' rows and return at once (`wait` collects them), so a
+        stage can compute while its next micro-batch's rows are on their way."""
         parts = self.layout.split(keys)
         works, bufs = [], []
         for j, (pos, local) in enumerate(parts):
@@ -169,9 +175,19 @@ class SparseClient:
             r = self.ranks[j]
             h = _hdr(PULL, step, local.numel())
             buf = torch.empty(local.numel(), self.dim)
-            works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            try:  # gloo raises at once on a connection it already knows is broken
+                works += [p2p.isend(h, r, TAG_HDR), p2p.isend(local, r, TAG_IDS), p2p.irecv(buf, r, TAG_ROWS)]
+            except RuntimeError as err:
+                if self.on_error is None:
+                    raise
+                raise self.on_error("pulling embedding rows", [r], err) from None
             bufs.append((pos, buf, h, local))
+        return keys.numel(), works, bufs
+
+    def wait(self, pending) -> torch.Tensor:
+        n, works, bufs = pending
         self._wait(works, "pulling embedding rows", self.ranks)
+        out = torch.empty(n, self.dim)
         for pos, buf, _, _ in bufs:
             out[pos] = buf
         return out

@@ -7,14 +7,14 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import UserError
 from ..fileio import format_validation_error, read_text
 from .data import CTRDataConfig
+from .devicemap import StageDevice
 from .sparse_ps import SparseOptim
 from .workload import CTRModelConfig
 
@@ -28,12 +28,17 @@ class StageSpec:
     instances: int
     time_per_sample_s: float    # cost model: compute + activation transfer, one instance
     allreduce_s: float          # cost model: ring all-reduce of the stage's dense params per step
+    device: StageDevice = "emulated"  # what computes: pipeline/devicemap.py
+    threads: int = 0            # real CPU devices: cores of its own per replica (0: unpinned, one thread)
+    memory_bytes: float = 0.0   # cost model: what one replica keeps (dense state + stored activations)
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
             raise UserError(f"stage layers {self.start}..{self.end - 1} are empty; fix the plan's `layers`")
         if self.instances < 1:
             raise UserError(f"stage on {self.type} has {self.instances} instances; the plan must give each stage >= 1")
+        if self.device not in ("emulated", "cpu", "cuda"):
+            raise UserError(f"stage on {self.type}: device must be emulated, cpu or cuda, got {self.device!r}")
 
 
 @dataclass(frozen=True)
@@ -135,50 +140,6 @@ class RunSpec:
         except (json.JSONDecodeError, RecursionError) as err:
             raise UserError(f"run spec {path} is not valid JSON: {err}") from None
         return parse_run_spec(data, str(path))
-
-
-class PlanError(UserError):
-    """A plan file the runtime cannot run; the message names the field."""
-
-
-class PlanStageDoc(BaseModel):
-    """One stage of a plan file, as the runtime reads it (other keys are the planner's)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    layers: tuple[int, int]
-    type: str
-    kind: str = ""
-    instances: int = Field(ge=1, le=1_000_000)
-    layer_names: list[str] | None = None
-
-    @model_validator(mode="after")
-    def _range(self) -> "PlanStageDoc":
-        if not 0 <= self.layers[0] < self.layers[1]:
-            raise ValueError(f"layers {list(self.layers)} must be [first, one past the last] with first < last")
-        return self
-
-
-class PlanDoc(BaseModel):
-    """The fields of a plan file (`hetrain plan --out`, format hetrain.plan/1) that
-    `hetrain train` uses, validated before anything is compiled."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    feasible: bool
-    reason: str = ""
-    target: float = Field(gt=0, allow_inf_nan=False)
-    batch_size: int = Field(default=1024, ge=1, le=1_000_000_000)
-    stages: list[PlanStageDoc] = Field(min_length=1)
-
-
-def parse_plan(plan: Any, source: str = "<plan>") -> PlanDoc:
-    if not isinstance(plan, dict):
-        raise PlanError(f"invalid plan {source}: expected a JSON object with `stages`")
-    if plan.get("feasible") is not True:
-        raise PlanError(f"the plan is not feasible ({plan.get('reason', '')}); make a feasible plan first")
-    try:
-        return PlanDoc.model_validate(plan)
-    except ValidationError as err:
-        raise PlanError(format_validation_error(err, f"invalid plan {source}:", "docs/heterps-runtime.md")) from None
 
 
 def parse_run_spec(data: Any, source: str = "<run spec>") -> "RunSpec":

@@ -2,11 +2,13 @@
 
 Started by the single launcher (`hetrain train` calls it with ``-m
 hetrain.pipeline.worker --spec run.json``). Stage replicas run synchronous pipelined
-steps (GPipe order: forward every owned micro-batch, then backward), exchange
-activations and their gradients with the neighbouring stages over gloo point-to-point,
-pull/push embedding rows from the shards, and all-reduce dense gradients inside their
-stage. Micro-batch i of a step goes to replica i mod k of a stage with k replicas, so
-uneven replica counts between stages fan in and out deterministically.
+steps (GPipe order: forward every owned micro-batch, then backward) on their device
+(emulated, the CPU, or the replica's GPU), exchange activations and their gradients
+with the neighbouring stages over gloo point-to-point (pipeline/messages.py: through
+pinned host memory for a GPU stage), pull/push embedding rows from the shards, and
+average dense gradients among their stage's replicas with push_pull on the stage's
+group (comm/group.py). Micro-batch i of a step goes to replica i mod k of a stage with
+k replicas, so uneven replica counts between stages fan in and out deterministically.
 """
 from __future__ import annotations
 
@@ -20,91 +22,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..comm import p2p
-from ..runtime.context import init, shutdown
+from ..comm.engine import PushPull
+from ..comm.group import make_groups
+from ..errors import UserError
+from ..runtime.context import PeerLostError, init, shutdown
 from ..train.checkpoint import load_checkpoint, save_checkpoint
 from .data import CTRData, MicroBatchLoader
+from .devicemap import check_gpu_memory
+from .messages import recv_tensors, send_tensors, wire_for
 from .sparse_ps import ShardLayout, ShardState, SparseClient, serve
 from .spec import RunSpec
-
-HDR_LEN = 64
-_DTYPES = {0: torch.float32, 1: torch.int64}
-_CODES = {v: k for k, v in _DTYPES.items()}
-
-
-# ------------------------------------------------------------------ tensors on the wire
-
-
-def _tag(mb: int, i: int) -> int:
-    """64 tags per micro-batch in the pipeline range of comm/p2p.py."""
-    return p2p.PIPELINE(mb * 64 + i)
-
-
-def send_tensors(ts: list[torch.Tensor], dst: int, mb: int, ready_at: float = 0.0) -> list:
-    """isend a header (count, then dtype, ndim, dims per tensor; last slot: the emulated
-    time the data is ready, in µs) and the tensors packed into one float32 and one int64
-    buffer; returns (work, buffer) pairs the caller keeps until they complete."""
-    h = [len(ts)]
-    for t in ts:
-        h += [_CODES[t.dtype], t.dim(), *t.shape]
-    if len(h) > HDR_LEN - 1:
-        raise ValueError(f"{len(ts)} tensors do not fit in one message header")
-    hdr = torch.zeros(HDR_LEN, dtype=torch.int64)
-    hdr[: len(h)] = torch.tensor(h)
-    hdr[-1] = int(ready_at * 1e6)
-    out = [(p2p.isend(hdr, dst, _tag(mb, 0)), hdr)]
-    for code, dt in _DTYPES.items():
-        part = [t for t in ts if t.dtype == dt]
-        if part:
-            flat = p2p.flatten(part, dtype=dt)
-            out.append((p2p.isend(flat, dst, _tag(mb, 1 + code), what="sending activations"), flat))
-    return out
-
-
-def recv_tensors(src: int, mb: int) -> tuple[list[torch.Tensor], float]:
-    """The tensors of one message, and the emulated time they are ready at."""
-    hdr = torch.empty(HDR_LEN, dtype=torch.int64)
-    p2p.recv(hdr, src, _tag(mb, 0))
-    h = hdr.tolist()
-    n, pos, metas = h[0], 1, []
-    for _ in range(n):
-        code, nd = h[pos], h[pos + 1]
-        shape = h[pos + 2: pos + 2 + nd]
-        pos += 2 + nd
-        if code not in _DTYPES or nd < 0 or any(d < 0 for d in shape) or pos > HDR_LEN - 1:
-            raise RuntimeError(f"malformed activation header from rank {src}")
-        metas.append((code, shape))
-    flats = {}
-    for code, dt in _DTYPES.items():
-        total = sum(int(torch.Size(sh).numel()) for c, sh in metas if c == code)
-        if total:
-            flats[code] = torch.empty(total, dtype=dt)
-            p2p.recv(flats[code], src, _tag(mb, 1 + code))
-    views = {code: iter(p2p.unflatten(flat, [sh for c, sh in metas if c == code])) for code, flat in flats.items()}
-    out = [next(views[code]).clone() if code in views else torch.empty(shape, dtype=_DTYPES[code])
-           for code, shape in metas]
-    return out, h[-1] / 1e6
-
-
-# ------------------------------------------------------------------ embedding layers
-
-
-class PSEmbedding(nn.Module):
-    """Stands in for `EmbeddingLookup` in the runtime: the table lives on the shards;
-    ``rows`` (pulled for this micro-batch) and ``inv`` (each ID's index in it) are set
-    before the stage runs."""
-
-    def __init__(self, orig):
-        super().__init__()
-        self.index, self.last = orig.index, orig.last
-        self.rows: torch.Tensor | None = None
-        self.inv: torch.Tensor | None = None
-
-    def forward(self, dense, ids, *pooled):
-        v = nn.functional.embedding_bag(self.inv, self.rows, mode="sum")
-        return (dense, *pooled, v) if self.last else (dense, ids, *pooled, v)
+from .stage import StageCompute
 
 
 class Pacer:
@@ -190,7 +120,7 @@ def want_ckpt(spec: RunSpec, done: int) -> bool:
 # ------------------------------------------------------------------ roles
 
 
-def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int) -> dict:
+def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int, ready) -> dict:
     full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
     state = ShardState(layout.shard_of(full, j), spec.optim)
     if start:
@@ -202,6 +132,7 @@ def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int
             save(spec, done, f"shard{j}", state.state_dict())
         _maybe_fail(spec, ctx.rank, done)
 
+    ready()
     steps = serve(state, clients, spec.model.dim, start_step=start, on_step=on_step, on_error=ctx.peer_error)
     return {"role": f"shard{j}", "rows": int(state.rows.shape[0]), "steps": steps}
 
@@ -216,7 +147,23 @@ def _maybe_fail(spec: RunSpec, rank: int, done: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, groups, start: int) -> dict:
+# micro-batches whose embedding rows the first stage pulls ahead of the one it computes
+# (a shard's answer then has the time of two micro-batches' compute to arrive)
+PULL_AHEAD = 2
+
+
+def _cpu(obj):
+    """A state dict with every tensor on the host (checkpoints load anywhere)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
+def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, group, start: int, ready) -> dict:
     st = spec.stages[s]
     k = st.instances
     last = s == len(spec.stages) - 1
@@ -224,15 +171,11 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
     nxt = spec.stage_ranks(s + 1) if not last else []
     sizes = spec.mb_sizes()
     mine = [i for i in range(spec.micro_batches) if i % k == r]
-    # the runtime's embedding layers pull from the shards
-    embs = []
-    for li in range(st.start, st.end):
-        if hasattr(model.layers[li], "table"):
-            model.layers[li] = PSEmbedding(model.layers[li])
-            embs.append(li)
-    layers = model.layers[st.start: st.end]
-    params = [p for layer in layers for p in layer.parameters()]
-    names = [f"{st.start + i}.{n}" for i, layer in enumerate(layers) for n, _ in layer.named_parameters()]
+    own = sum(sizes[i] for i in mine)  # this replica's samples per step (its push_pull weight)
+    wire = wire_for(ctx.device, ctx.describe(ctx.rank))
+    client = SparseClient(layout, spec.shard_ranks, spec.model.dim, on_error=ctx.peer_error)
+    stage = StageCompute(model, st.start, st.end, layout, wire, client)
+    params, names = stage.params, stage.names
     opt = None
     if params:
         opt = (torch.optim.Adagrad(params, lr=spec.optim.lr, eps=spec.optim.eps) if spec.optim.kind == "adagrad"
@@ -244,143 +187,183 @@ def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, gr
                 p.copy_(ck["params"][n])
         if opt is not None:
             opt.load_state_dict(ck["optim"])
-    client = SparseClient(layout, spec.shard_ranks, spec.model.dim, on_error=ctx.peer_error) if embs else None
-    loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes) if s == 0 else None
+    # dense gradients: the batch-weighted average over the stage's replicas, on its group
+    engine = PushPull(ctx, group) if params and k > 1 else None
+    loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes, k) if s == 0 else None
     pacer = Pacer(spec.emulate)
     T = st.time_per_sample_s
-    group = groups[s]
     ends, losses = [], []
     trace = [] if os.environ.get("HETRAIN_TRACE") else None
 
     def ev(what: str) -> None:
         if trace is not None:
             trace.append((what, time.time()))
-    prof = {"recv_wait_s": 0.0, "pull_s": 0.0, "step_end_s": 0.0}
+    prof = {"recv_wait_s": 0.0, "step_end_s": 0.0}
 
     def fail(what, peers, err):
         return ctx.peer_error(what, peers, err)
 
+    def receive(peer: int, i: int, what: str):
+        """Tensors of micro-batch i from a neighbour stage; the wait counts as idle time."""
+        tw = time.perf_counter()
+        try:
+            got, ready = recv_tensors(peer, i, wire)
+        except PeerLostError:
+            raise
+        except RuntimeError as err:  # gloo's error: name the neighbour that went away
+            raise fail(f"receiving {what} of micro-batch {i}", [peer], err) from None
+        pacer.begin(ready)
+        prof["recv_wait_s"] += time.perf_counter() - tw
+        return got
+
+    def send(ts, dst: int, i: int, ready_at: float, what: str) -> list:
+        try:
+            return send_tensors(ts, dst, i, ready_at, wire)
+        except PeerLostError:
+            raise
+        except RuntimeError as err:
+            raise fail(f"sending {what} of micro-batch {i}", [dst], err) from None
+
+    def send_back(inputs, i: int, ready_at: float) -> list:
+        if s == 0:
+            return []
+        g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
+        return send(g, prev[i % len(prev)], i, ready_at, "input gradients")
+
+    if s == 0:
+        loader.get(start, mine[0])  # its first chunk of data, before the clocks start
+    ready()
     for step in range(start, spec.steps):
         saved, sends = {}, []
         pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
-        def receive(peer: int, i: int, what: str):
-            """Tensors of micro-batch i from a neighbour stage; the wait counts as idle time."""
-            tw = time.perf_counter()
-            try:
-                got, ready = recv_tensors(peer, i)
-            except RuntimeError as err:  # gloo's error: name the neighbour that went away
-                raise fail(f"receiving {what} of micro-batch {i}", [peer], err) from None
-            pacer.begin(ready)
-            prof["recv_wait_s"] += time.perf_counter() - tw
-            return got
+        step_loss = torch.zeros((), device=wire.device)
+        ahead: dict = {}  # first stage: the next micro-batches, read and their rows' pulls posted
 
-        step_loss = torch.zeros(())
-        for i in mine:
+        def read(i: int):
+            dense, ids, label = (wire.from_cpu(t) for t in loader.get(step, i))
+            inputs = [dense, ids]
+            return inputs, label, stage.prepare(inputs, step)
+
+        for n_i, i in enumerate(mine):
             m = sizes[i]
+            prepared = None
             if s == 0:  # reading data: the next micro-batch is always ready
                 pacer.begin(0.0)
-                dense, ids, label = loader.get(step, i)
-                inputs = [dense, ids]
+                inputs, label, prepared = ahead.pop(i) if i in ahead else read(i)
+                for j in mine[n_i + 1: n_i + 1 + PULL_AHEAD]:  # their rows arrive while this one computes
+                    if j not in ahead:
+                        ahead[j] = read(j)
             else:
-                src = prev[i % len(prev)]
-                got = receive(src, i, "activations")
+                got = receive(prev[i % len(prev)], i, "activations")
                 label, inputs = got[-1], got[:-1]
                 for t in inputs:
                     if t.is_floating_point():
                         t.requires_grad_(True)
-            uniq = rows = None
-            if embs:
-                ids = inputs[1]
-                keys = torch.stack([layout.keys(model.layers[li].index, ids[:, model.layers[li].index, :])
-                                    for li in embs], 0)
-                uniq, inv = torch.unique(keys, return_inverse=True)
-                tp = time.perf_counter()
-                rows = client.pull(uniq, step).requires_grad_(True)
-                prof["pull_s"] += time.perf_counter() - tp
-                for j, li in enumerate(embs):
-                    model.layers[li].rows, model.layers[li].inv = rows, inv[j]
             ev(f"fwd{i}-in")
-            out = list(model.run_range(st.start, st.end, *inputs))
+            out, pulled = stage.forward(inputs, step, prepared)
             if last:
                 loss = model.loss(out[0], label)
                 step_loss += loss.detach() * m
                 (loss * (m / spec.batch)).backward()
-                _send_back(inputs, prev, i, sends, s, pacer.finish(m * T))
-                if embs:
-                    client.push(uniq, rows.grad, step)
+                sends += send_back(inputs, i, pacer.finish(m * T))
+                stage.push(pulled, step)
                 pacer.wait()
                 ev(f"mb{i}-done")
             else:
-                try:
-                    sends += send_tensors(out + [label], nxt[i % len(nxt)], i, pacer.finish(m * T / 3))
-                except RuntimeError as err:
-                    raise fail(f"sending activations of micro-batch {i}", [nxt[i % len(nxt)]], err) from None
-                saved[i] = (inputs, out, uniq, rows)
+                sends += send(out + [label], nxt[i % len(nxt)], i, pacer.finish(m * T / 3), "activations")
+                saved[i] = (inputs, out, pulled)
                 pacer.wait()
                 ev(f"fwd{i}-out")
         if not last:
             for i in mine:
                 m = sizes[i]
-                inputs, out, uniq, rows = saved.pop(i)
-                dst = nxt[i % len(nxt)]
-                grads = receive(dst, i, "gradients")
+                inputs, out, pulled = saved.pop(i)
+                grads = receive(nxt[i % len(nxt)], i, "gradients")
                 ev(f"bwd{i}-in")
                 fl = [o for o in out if o.is_floating_point()]
                 pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
                 if pairs:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
                 end = pacer.finish(m * T * 2 / 3)
-                if s > 0:
-                    _send_back(inputs, prev, i, sends, s, end)
-                if embs:
-                    client.push(uniq, rows.grad, step)
+                sends += send_back(inputs, i, end)
+                stage.push(pulled, step)
                 pacer.wait()
                 ev(f"bwd{i}-out")
         te = time.perf_counter()
         try:
             p2p.wait_all([w for w, _ in sends], None, "sending to the neighbour stages")  # named below
             ev("sends-done")
-            if client is not None:
+            if stage.embs:
                 client.commit(step)
             ev("committed")
             pacer.begin(time.time())
             if params:
-                if k > 1:
-                    flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-                                      for p in params])
-                    dist.all_reduce(flat, group=group)
-                    off = 0
-                    for p in params:
-                        n = p.numel()
-                        p.grad = flat[off: off + n].view_as(p).clone()
-                        off += n
+                if engine is not None:
+                    named = []
+                    for n, p in zip(names, params):
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                        named.append((n, p.grad))
+                    # each replica hands over the mean gradient of its own samples (the last stage
+                    # scaled each micro-batch's loss by m/B); weighted by its sample count, the
+                    # average over the replicas is the gradient of the whole global batch
+                    if own != spec.batch:
+                        torch._foreach_mul_([g for _, g in named], spec.batch / own)
+                    engine.push_pull(named, weight=own)
                     pacer.pad(st.allreduce_s)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+        except PeerLostError:
+            raise
         except RuntimeError as err:
             raise fail("finishing the step (gradients to peers)", [], err) from None
         prof["step_end_s"] += time.perf_counter() - te
         ends.append(time.time())
         ev("step-end")
         if last:
-            losses.append(float(step_loss) / sum(sizes[i] for i in mine))
+            losses.append(float(step_loss) / own)
         done = step + 1
         if r == 0 and want_ckpt(spec, done):
-            save(spec, done, f"stage{s}", {"params": {n: p.detach().clone() for n, p in zip(names, params)},
-                                           "optim": opt.state_dict() if opt else {}})
+            save(spec, done, f"stage{s}", {"params": {n: p.detach().cpu().clone() for n, p in zip(names, params)},
+                                           "optim": _cpu(opt.state_dict()) if opt else {}})
         _maybe_fail(spec, ctx.rank, done)
-    if client is not None:
+    if stage.embs:
         client.stop()
-    return {"role": f"stage{s}/replica{r}", "type": st.type, "step_end_time": ends, "loss": losses,
-            "real_s": pacer.real_s, "slept_s": pacer.slept_s, "over_target": pacer.over,
-            "micro_batches": len(mine), "start_step": start, **prof, **({"trace": trace} if trace else {})}
+    return {"role": f"stage{s}/replica{r}", "type": st.type, "device": str(wire.device), "step_end_time": ends,
+            "loss": losses, "real_s": pacer.real_s, "slept_s": pacer.slept_s, "over_target": pacer.over,
+            "micro_batches": len(mine), "start_step": start,
+            "comm_s": engine.stats.comm_s if engine else 0.0, "pull_s": stage.pull_s, **prof, **({"trace": trace} if trace else {})}
 
 
-def _send_back(inputs, prev, i, sends, s, ready_at: float) -> None:
-    if s == 0:
+def setup_barrier(ctx, spec: RunSpec, poll_s: float = 0.05) -> None:
+    """Wait until every process has set itself up (model, data, buffers) before the first
+    step. Through the job's store, not gloo: gloo waits are bounded by the job's
+    `--timeout` (meant for lost peers), and a shard would otherwise start its timed wait
+    for requests while a stage on a loaded host is still building its model. A process
+    that dies meanwhile ends the job through the launcher, which stops the others."""
+    if ctx.store is None:
         return
-    g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
-    sends += send_tensors(g, prev[i % len(prev)], i, ready_at)
+    key = "hetrain/pipeline/setup"
+    ctx.store.add(key, 1)
+    deadline = time.monotonic() + max(600.0, 10 * ctx.comm.timeout_s)
+    while ctx.store.add(key, 0) < spec.world_size:
+        if time.monotonic() > deadline:
+            raise ctx.peer_error("waiting for every process to set up", [], TimeoutError("setup barrier"))
+        time.sleep(poll_s)
+
+
+def check_devices(spec: RunSpec, ctx, role) -> None:
+    """Before any stage puts its layers on a GPU: each GPU replica checks that its GPU's
+    free memory holds every stage placed on that GPU; then every rank waits for every
+    check (a barrier), so no check sees memory another replica has taken meanwhile."""
+    if role.kind == "stage" and ctx.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ctx.device)
+        check_gpu_memory(spec.stages, free, f"{ctx.device} of machine {ctx.machine_name}")
+    if any(st.device == "cuda" for st in spec.stages):
+        try:
+            dist.barrier()
+        except RuntimeError as err:
+            raise ctx.peer_error("waiting for every process's device check", [], err) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,23 +371,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", required=True)
     args = ap.parse_args(argv)
     spec = RunSpec.load(args.spec)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # `threads: N` machines get N in init()
     ctx = init()
     if ctx.world_size != spec.world_size:
         raise SystemExit(f"the run spec needs {spec.world_size} processes, the launcher started {ctx.world_size}")
     # every rank creates every stage's group, in the same order
-    groups = [dist.new_group(spec.stage_ranks(s)) for s in range(len(spec.stages))]
+    groups = make_groups(ctx, [spec.stage_ranks(s) for s in range(len(spec.stages))],
+                         [f"stage {s}" for s in range(len(spec.stages))])
     role = spec.role(ctx.rank)
+    try:
+        check_devices(spec, ctx, role)
+    except UserError as err:
+        print(f"hetrain: error: {err}", file=sys.stderr, flush=True)
+        return 2
     model = spec.model.build()
     model.train()
     layout = ShardLayout([spec.model.rows] * spec.model.n_tables, spec.ps_shards)
     start = latest_complete(spec) if spec.resume else 0
     if start:
         print(f"resuming from the checkpoint of step {start}", flush=True)
+    ready = lambda: setup_barrier(ctx, spec)  # noqa: E731
     if role.kind == "shard":
-        info = run_shard(spec, ctx, role.index, layout, model, start)
+        info = run_shard(spec, ctx, role.index, layout, model, start, ready)
     else:
-        info = run_stage(spec, ctx, role.index, role.replica, layout, model, groups, start)
+        info = run_stage(spec, ctx, role.index, role.replica, layout, model, groups[role.index], start, ready)
     info["rank"] = ctx.rank
     if spec.metrics_dir:
         Path(spec.metrics_dir).mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,11 @@ exactly what the cost model says for these times (see docs/heterps-runtime.md), 
 prediction and the measurement describe the same emulated cluster.
 
 Run ``python -m hetrain.pipeline.workload profile.json`` to write the profile for
-``hetrain plan --model profile.json``.
+``hetrain plan --model profile.json``. Beside the emulated times it stores the real
+model's per-layer times measured on this host's devices (`measured_devices`: the CPU,
+and the GPU where CUDA is available, with CUDA events), so a catalogue's GPU types can
+be calibrated from a real GPU (``hetrain plan --calibrate TYPE=DEVICE``); the emulated
+runtime keeps using the emulated times. ``--no-measure`` skips the measurement.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..errors import UserError
 from ..plan.profile import LayerProfile, ModelProfile
 
 MODEL_NAME = "ctr-small"
@@ -42,7 +47,7 @@ class CTRModelConfig:
 
     def __post_init__(self) -> None:
         if self.n_tables < 1 or self.rows < 1 or self.dim < 1:
-            raise ValueError(f"CTR model needs n_tables, rows, dim >= 1, got {self}")
+            raise UserError(f"CTR model needs n_tables, rows, dim >= 1, got {self}")
         object.__setattr__(self, "bottom", tuple(self.bottom))
         object.__setattr__(self, "top", tuple(self.top))
 
@@ -86,7 +91,22 @@ def emulated_profile(cfg: CTRModelConfig = CTRModelConfig(), times: dict | None 
                         batch=1, layers=tuple(layers))
 
 
+def measured_devices(cfg: CTRModelConfig = CTRModelConfig(), batch: int = 64) -> dict[str, tuple[float, ...]]:
+    """The real model's per-layer seconds per sample on this host: ``cpu: <host>``
+    (`profile_model`'s CPU timing) and ``cuda: <GPU name>`` where CUDA is available."""
+    from ..plan.profile import profile_model
+
+    prof = profile_model(cfg.build(), MODEL_NAME, batch=batch)
+    return {f"cpu: {prof.host}": tuple(l.time_s for l in prof.layers), **prof.devices}
+
+
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else "ctr-small-profile.json"
-    emulated_profile().save(out)
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = args[0] if args else "ctr-small-profile.json"
+    prof = emulated_profile()
+    if "--no-measure" not in sys.argv:
+        prof = prof.model_copy(update={"devices": measured_devices()})
+        for dev in prof.devices:
+            print(f"measured on {dev}")
+    prof.save(out)
     print(f"wrote {out}")

@@ -16,7 +16,9 @@ def register(subparsers) -> None:
                     "target. Writes the plan as JSON and a PNG diagram.")
     p.add_argument("--model", required=True,
                    help="built-in model (ctr, cnn, transformer, transformer200) or a profile .json")
-    p.add_argument("--catalogue", required=True, help="catalogue YAML, or a built-in: aws, gcp")
+    p.add_argument("--catalogue", required=True,
+                   help="catalogue YAML, a built-in (aws, gcp), or a launcher cluster file whose `kinds:` describe "
+                        "its machines' device kinds (the plan then uses those machines)")
     p.add_argument("--throughput", required=True, type=float, help="target samples per second")
     p.add_argument("--planner", default="exact",
                    help="rl, exact, greedy, genetic, gpu (all on the cheapest GPU), cpu (default: exact)")
@@ -26,6 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default="plan.json", help="plan JSON path (plan.json)")
     p.add_argument("--png", default=None, help="stage diagram PNG path (default: next to --out)")
     p.add_argument("--save-profile", default=None, help="also write the layer profile JSON here")
+    p.add_argument("--calibrate", action="append", default=[], metavar="TYPE[=DEVICE]",
+                   help="use the profile's times measured on a real device (default: its GPU) for catalogue type "
+                        "TYPE instead of the catalogue's speed table (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -44,11 +49,26 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--throughput must be a positive number of samples/s, got {args.throughput}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not args.samples > 0:
+        raise UserError(f"--samples must be a positive number of samples, got {args.samples}")
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--save-profile", args.save_profile)):
+        if path and not Path(path).resolve().parent.is_dir():  # before planning, which can take minutes
+            raise UserError(f"{flag} {path}: the folder {Path(path).parent} does not exist; create it or "
+                            "pick another path")
     catalogue = load_catalogue(args.catalogue)
     progress = not args.no_progress and sys.stderr.isatty()
     profile = load_or_profile(args.model, progress=progress)
     if args.save_profile:
         profile.save(args.save_profile)
+    for dev in profile.devices:
+        speed = ", ".join(f"{k} {v:.2f}x" for k, v in profile.calibrated_speed(dev).items())
+        print(f"measured on {dev}: speed against the profiling host {speed}")
+    for rule in args.calibrate:
+        type_name, _, dev = rule.partition("=")
+        if type_name not in catalogue.names:
+            raise UserError(f"--calibrate {rule}: catalogue {catalogue.name!r} has no type {type_name!r}; "
+                            f"choose one of {list(catalogue.names)}")
+        profile = profile.with_device_as(type_name, dev or None)
     problem = Problem(profile.workload(catalogue), args.throughput,
                       CostParams(batch_size=args.batch_size), args.samples)
     kwargs = {}

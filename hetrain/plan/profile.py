@@ -1,11 +1,18 @@
 """Layer profiles: per-layer time, activation and parameter bytes, measured on this host.
 
 `profile_model` walks a `ChainModel`'s layers, times forward+backward of each layer on a
-real batch (median of a few repeats after a warm-up), and records the bytes of the
-tensors a cut after the layer would send, the parameter bytes (embedding tables count as
-sparse, at their declared size) and the layer kind. Times on the catalogue's resource
-types come from the catalogue's speed table per layer kind, or from measured per-type
-times stored in the profile (``measured: {type name: [seconds per sample, ...]}``).
+real batch on the CPU (minimum of a few repeats after a warm-up), and records the bytes
+of the tensors a cut after the layer would send, the parameter bytes (embedding tables
+count as sparse, at their declared size) and the layer kind. Where CUDA is available it
+also times every layer on the GPU (`measure_on_cuda`: CUDA events, warm-up runs, median
+of the timed runs) and stores those times beside the CPU ones under
+``devices: {"cuda: <GPU name>": [seconds per sample, ...]}``.
+
+Times on the catalogue's resource types come from the catalogue's speed table per layer
+kind, or from measured per-type times stored in the profile (``measured: {type name:
+[seconds per sample, ...]}``). `with_device_as(type, device)` makes a real device's
+times a catalogue type's measured times (`hetrain plan --calibrate TYPE=DEVICE`), and
+`calibrated_speed(device)` gives the per-kind speed to write into a catalogue.
 """
 from __future__ import annotations
 
@@ -13,30 +20,24 @@ import json
 import platform
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ..fileio import format_validation_error, read_structured
+from ..cluster.hardware import LAYER_KINDS, Inventory, LayerKind
+from ..fileio import Strict, read_structured, validate_file
 from ..errors import UserError
 from ..perf.pipeline import Workload
-from .catalogue import Catalogue
-
-Kind = Literal["dense", "memory", "sparse"]
+from .catalogue import cost_arrays
 
 
 class ProfileError(UserError):
     """A profile file that cannot be used."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LayerProfile(_Strict):
+class LayerProfile(Strict):
     name: str
-    kind: Kind
+    kind: LayerKind
     time_s: float = Field(gt=0, description="forward+backward seconds per sample on the host")
     act_bytes: float = Field(ge=0, description="bytes per sample sent to the next layer")
     stored_act_bytes: float = Field(ge=0, description="bytes per sample kept for backward")
@@ -44,22 +45,54 @@ class LayerProfile(_Strict):
     sparse_param_bytes: float = Field(ge=0)
 
 
-class ModelProfile(_Strict):
+class ModelProfile(Strict):
     model: str
     host: str = ""
     batch: int = Field(default=1, ge=1)
     layers: tuple[LayerProfile, ...] = Field(min_length=1)
     measured: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    # per-layer seconds per sample measured on real devices of this host ("cuda: <name>")
+    devices: dict[str, tuple[float, ...]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _lengths(self) -> "ModelProfile":
-        for name, times in self.measured.items():
-            if len(times) != len(self.layers):
-                raise ValueError(f"measured[{name!r}] has {len(times)} times, the model has "
-                                 f"{len(self.layers)} layers; give one time per layer")
-            if any(not (t > 0) for t in times):
-                raise ValueError(f"measured[{name!r}] times must be > 0 seconds per sample")
+        for field, table in (("measured", self.measured), ("devices", self.devices)):
+            for name, times in table.items():
+                if len(times) != len(self.layers):
+                    raise ValueError(f"{field}[{name!r}] has {len(times)} times, the model has "
+                                     f"{len(self.layers)} layers; give one time per layer")
+                if any(not (t > 0) for t in times):
+                    raise ValueError(f"{field}[{name!r}] times must be > 0 seconds per sample")
         return self
+
+    def _device(self, device: str | None) -> str:
+        if device is None:
+            gpus = [d for d in self.devices if d.startswith("cuda")]
+            if len(gpus) != 1:
+                raise ProfileError(f"profile {self.model!r} has {len(gpus)} GPU measurements "
+                                   f"({sorted(self.devices)}); name the device (TYPE=DEVICE)")
+            return gpus[0]
+        if device not in self.devices:
+            raise ProfileError(f"profile {self.model!r} has no times measured on {device!r}; it has "
+                               f"{sorted(self.devices) or 'none (profile on a host with CUDA)'}")
+        return device
+
+    def calibrated_speed(self, device: str | None = None) -> dict[str, float]:
+        """Speed per layer kind of a measured device against the profiling host (total
+        host time of the kind's layers / their total time on the device): what to write
+        under `speed:` in a catalogue."""
+        times = self.devices[self._device(device)]
+        out = {}
+        for kind in LAYER_KINDS:
+            idx = [i for i, l in enumerate(self.layers) if l.kind == kind]
+            if idx:
+                out[kind] = sum(self.layers[i].time_s for i in idx) / sum(times[i] for i in idx)
+        return out
+
+    def with_device_as(self, type_name: str, device: str | None = None) -> "ModelProfile":
+        """This profile with a real device's layer times used for catalogue type `type_name`."""
+        times = self.devices[self._device(device)]
+        return self.model_copy(update={"measured": {**self.measured, type_name: tuple(times)}})
 
     @property
     def n_layers(self) -> int:
@@ -72,13 +105,14 @@ class ModelProfile(_Strict):
     def load(cls, path: str | Path) -> "ModelProfile":
         return parse_profile(read_structured(path, "profile file", ProfileError), str(path))
 
-    def workload(self, catalogue: Catalogue) -> Workload:
+    def workload(self, catalogue: Inventory) -> Workload:
         """Arrays for the cost model: host times scaled by each type's speed per kind,
-        or that type's measured times where the profile has them."""
-        L, R = self.n_layers, len(catalogue.types)
+        or that type's measured times where the profile has them. `catalogue`: an
+        inventory whose kinds are described for planning (`plan.catalogue.load_catalogue`)."""
+        L, R = self.n_layers, len(catalogue.kinds)
         host = np.array([l.time_s for l in self.layers])
         compute = np.empty((L, R))
-        for r, t in enumerate(catalogue.types):
+        for r, t in enumerate(catalogue.kinds):
             if t.name in self.measured:
                 compute[:, r] = self.measured[t.name]
             else:
@@ -87,23 +121,19 @@ class ModelProfile(_Strict):
         if unknown:
             raise ProfileError(f"profile has measured times for {unknown}, which the catalogue "
                                f"{catalogue.name!r} does not list ({list(catalogue.names)})")
-        arr = catalogue.arrays()
+        arr = cost_arrays(catalogue)
         return Workload(
             compute=compute,
             act_bytes=np.array([l.act_bytes for l in self.layers]),
             stored_act_bytes=np.array([l.stored_act_bytes for l in self.layers]),
             dense_param_bytes=np.array([l.dense_param_bytes for l in self.layers]),
             sparse_param_bytes=np.array([l.sparse_param_bytes for l in self.layers]),
-            type_names=catalogue.names, type_kinds=tuple(t.kind for t in catalogue.types), layer_names=tuple(l.name for l in self.layers), **arr)
+            type_names=catalogue.names, type_kinds=tuple(k.device_class for k in catalogue.kinds), layer_names=tuple(l.name for l in self.layers), **arr)
 
 
 def parse_profile(data: object, source: str = "<dict>") -> ModelProfile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"invalid profile {source}: expected a JSON object with a `layers` list")
-    try:
-        return ModelProfile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(format_validation_error(err, f"invalid profile {source}:", "docs/placement.md")) from None
+    return validate_file(ModelProfile, data, what="profile", source=source, docs="docs/placement.md",
+                         error=ProfileError, expected="a JSON object with a `layers` list")
 
 
 def _nbytes(tensors) -> int:
@@ -127,10 +157,55 @@ def _param_bytes(module) -> tuple[float, float]:
     return dense, sparse
 
 
+def measure_on_cuda(model, batch: int = 32, repeats: int = 10, warmup: int = 3, seed: int = 0,
+                    device=None) -> tuple[float, ...]:
+    """Forward+backward seconds per sample of every layer of a ChainModel on a GPU: CUDA
+    events around each run (the GPU's own clock, no host timing of asynchronous
+    kernels), `warmup` untimed runs per layer (kernel selection, allocator), then the
+    median of `repeats` timed runs. Runs on a copy of the model."""
+    import copy
+
+    import torch
+
+    device = torch.device(device or "cuda")
+    g = torch.Generator().manual_seed(seed)
+    gpu_model = copy.deepcopy(model).to(device).train()
+    state = tuple(t.to(device) for t in gpu_model.example_inputs(batch, generator=g))
+    times = []
+    for _lname, layer, _kind in gpu_model.layer_list():
+        inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in state)
+        runs = []
+        for rep in range(warmup + repeats):
+            layer.zero_grad(set_to_none=True)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = layer(*inputs)
+            fl = [o for o in out if o.is_floating_point() and o.requires_grad]
+            if fl:
+                torch.autograd.backward(fl, [torch.ones_like(o) for o in fl])
+            end.record()
+            end.synchronize()
+            if rep >= warmup:
+                runs.append(start.elapsed_time(end) / 1e3)
+        times.append(max(float(np.median(runs)) / batch, 1e-12))
+        state = tuple(o.detach() for o in out)
+    del gpu_model
+    torch.cuda.empty_cache()
+    return tuple(times)
+
+
+def cuda_device_key(device=None) -> str:
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name(device)}"
+
+
 def profile_model(model, name: str = "model", batch: int = 32, repeats: int = 5, seed: int = 0,
-                  progress: bool = False) -> ModelProfile:
+                  progress: bool = False, cuda: bool | None = None) -> ModelProfile:
     """Measure every layer of a ChainModel on this host (CPU): fwd+bwd time per sample
-    (the minimum over ``repeats`` timed runs after one warm-up run of the layer)."""
+    (the minimum over ``repeats`` timed runs after one warm-up run of the layer); and on
+    the GPU where CUDA is available (`cuda=None`; True/False forces it), stored under
+    ``devices`` (see `measure_on_cuda`)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -163,8 +238,12 @@ def profile_model(model, name: str = "model", batch: int = 32, repeats: int = 5,
                                    stored_act_bytes=act, dense_param_bytes=dense,
                                    sparse_param_bytes=sparse))
         state = outs
-    host = f"{platform.machine()} {platform.processor() or ''} torch{torch.__version__} threads={torch.get_num_threads()}"
-    return ModelProfile(model=name, host=host.strip(), batch=batch, layers=tuple(layers))
+    host = " ".join(x for x in (platform.machine(), platform.processor(), f"torch{torch.__version__}",
+                                f"threads={torch.get_num_threads()}") if x)
+    devices = {}
+    if cuda or (cuda is None and torch.cuda.is_available()):
+        devices[cuda_device_key()] = measure_on_cuda(model, batch=batch, repeats=max(repeats, 10), seed=seed)
+    return ModelProfile(model=name, host=host.strip(), batch=batch, layers=tuple(layers), devices=devices)
 
 
 def load_or_profile(spec: str, batch: int = 32, repeats: int = 5, progress: bool = False) -> ModelProfile:

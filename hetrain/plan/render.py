@@ -1,13 +1,72 @@
 """Plan output: a text table, a JSON document, and a PNG diagram of the stages."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..errors import UserError
+from ..fileio import format_validation_error
 from .base import PlanResult, Problem
 
 PLAN_FORMAT = "hetrain.plan/1"
+
+
+class PlanStage(BaseModel):
+    """One stage of a plan file, as the runtime reads it (other keys are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    layers: tuple[int, int] = Field(description="first layer and one past the last")
+    type: str
+    kind: str = ""
+    instances: int = Field(ge=1, le=1_000_000)
+    layer_names: list[str] | None = None
+
+    @field_validator("layers")
+    @classmethod
+    def _ordered(cls, v):
+        if not 0 <= v[0] < v[1]:
+            raise ValueError(f"must be [first, end) with 0 <= first < end, got {list(v)}")
+        return v
+
+
+class PlanFile(BaseModel):
+    """The fields of a plan JSON that `hetrain train --plan` needs."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal["hetrain.plan/1"]
+    feasible: bool
+    reason: str = ""
+    target: float = Field(gt=0)
+    batch_size: int = Field(default=1024, ge=1, le=1_000_000_000)
+    stages: list[PlanStage] = Field(min_length=1)
+
+    @field_validator("target")
+    @classmethod
+    def _finite(cls, v):
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of samples/s")
+        return v
+
+
+class PlanError(UserError):
+    """A plan file the runtime cannot run; the message names the field."""
+
+
+def parse_plan(data: Any, source: str = "plan") -> PlanFile:
+    """A feasible plan with its fields checked (PlanError naming each bad field)."""
+    if not isinstance(data, dict):
+        raise PlanError(f"invalid plan {source}: expected a JSON object with `stages` (a plan written by "
+                        "`hetrain plan --out`)")
+    if data.get("feasible") is not True:
+        raise PlanError(f"the plan is not feasible ({data.get('reason', '')}); make a feasible plan first")
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as err:
+        raise PlanError(format_validation_error(err, f"invalid plan {source}:", "docs/placement.md")) from None
 
 
 def plan_to_dict(problem: Problem, result: PlanResult, model: str = "", catalogue: str = "") -> dict:

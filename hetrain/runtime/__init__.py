@@ -10,4 +10,7 @@ STOP_REQUESTED = threading.Event()
 
 
 def catch_stop_requests() -> None:
+    """Record SIGUSR1 from now on; a request that arrived while Python started (a caller may
+    start hetrain with SIGUSR1 blocked, as the scheduler's executor does) is taken now."""
     signal.signal(signal.SIGUSR1, lambda signum, frame: STOP_REQUESTED.set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})

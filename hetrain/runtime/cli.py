@@ -69,7 +69,7 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--standalone", action="store_true", help="one node, rendezvous on a free local port")
 
 
-def _launch_config(args, argv: list[str]):
+def _launch_config(args, argv: list[str], cluster=None):
     from .launcher import LaunchConfig
     from .auth import load_secret
     from .supervisor import ElasticConfig
@@ -81,7 +81,7 @@ def _launch_config(args, argv: list[str]):
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
-    res = resolve(flags, load_cluster(args.cluster) if args.cluster else None, args.mode)
+    res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
     cluster = res.cluster
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
@@ -106,14 +106,31 @@ def _cmd_launch(args) -> int:
     if args.script is None:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
     argv = (["-m"] if args.module else []) + [args.script, *args.script_args]
+    if args.ray:
+        from .ray_backend import RayOptions, launch_on_ray
+
+        opts = RayOptions(address=args.ray, gpu_resource=args.ray_gpu_resource, cpus_per_process=args.ray_cpus,
+                          strategy=args.ray_strategy, reserve_timeout_s=args.ray_wait)
+        return launch_on_ray(_launch_config(args, argv), opts)
     return launch(_launch_config(args, argv))
 
 
 def _cmd_demo(args) -> int:
+    """Without --cluster: this host's GPU plus CPU workers where CUDA is available (real
+    devices, real compute), else the built-in cluster of emulated speeds."""
     from .launcher import launch
 
-    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs)]
-    return launch(_launch_config(args, argv))
+    argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
+    cluster = None
+    if args.cluster is None:
+        import torch
+
+        if torch.cuda.is_available():
+            from ..cluster.spec import gpu_demo_cluster
+
+            cluster = gpu_demo_cluster()
+            argv += ["--cost-per-sample", "0"]  # real devices: no calibrated emulation
+    return launch(_launch_config(args, argv, cluster))
 
 
 def _cmd_netns(args) -> int:
@@ -134,14 +151,31 @@ def register(sub) -> None:
     _add_job_flags(p)
     _add_torchrun_flags(p)
     p.add_argument("--secret-file", help="file holding the job's shared secret (or set HETRAIN_SECRET)")
+    r = p.add_argument_group("Ray cluster (pip install 'hetrain[ray]')")
+    r.add_argument("--ray", metavar="ADDRESS",
+                   help="run the job's processes as actors on this Ray cluster (GCS HOST:PORT, or auto); "
+                        "Ray places the machines, this command hosts the rendezvous")
+    r.add_argument("--ray-gpu-resource", default="GPU",
+                   help="Ray resource that counts GPUs (default GPU; a custom resource for emulated GPUs)")
+    r.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs reserved per process (default 1)")
+    r.add_argument("--ray-strategy", choices=["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], default="PACK",
+                   help="placement group strategy (default PACK: fewest nodes)")
+    r.add_argument("--ray-wait", type=float, default=120.0,
+                   help="seconds to wait for the cluster to grant the resources before giving up")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=_cmd_launch)
 
-    d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster")
+    d = sub.add_parser("demo", help="train a digits classifier on the built-in heterogeneous cluster",
+                       description="Train a digits classifier. Without --cluster: on this host's GPU plus 3 CPU "
+                                   "workers and 2 CPU summation servers where CUDA is available, else on the "
+                                   "built-in cluster of 4 emulated workers (speeds 1, 1, 0.5, 0.25) and 2 CPU "
+                                   "machines.")
     _add_job_flags(d)
     d.add_argument("--epochs", type=int, default=10)
+    d.add_argument("--balance", choices=["measured", "equal"], default="measured",
+                   help="batch shares: follow each worker's measured samples/s (default) or equal, to compare")
     d.set_defaults(func=_cmd_demo)
 
     n = sub.add_parser("netns", help="emulated-network housekeeping")

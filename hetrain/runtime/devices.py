@@ -66,7 +66,6 @@ def plan_backends(topo: Topology, comm: CommConfig) -> Backends:
     """Decide once per job, identically on every rank. Raises UserError when the flags ask
     for NCCL where it cannot work."""
     workers = topo.workers
-    all_cuda = all(is_cuda(p) for p in workers)
     shared = shared_gpus(topo)
     if comm.collective == "nccl":
         emulated = sorted({p.machine.name for p in workers if not is_cuda(p)})
@@ -80,7 +79,7 @@ def plan_backends(topo: Topology, comm: CommConfig) -> Backends:
                             "refuses two ranks on one GPU; give each machine its own node or GPUs, or use "
                             "--collective gloo (the staged path lets workers share a GPU)")
     nccl_ok = comm.collective != "gloo"
-    worker: Backend = "nccl" if nccl_ok and all_cuda and not shared and len(workers) > 1 else "gloo"
+    worker = group_backend(topo, topo.worker_ranks, comm)
     local: dict[str, Backend] = {}
     for ranks in topo.worker_machines:
         m = topo.proc(ranks[0]).machine
@@ -88,6 +87,19 @@ def plan_backends(topo: Topology, comm: CommConfig) -> Backends:
             # a machine's own GPUs are distinct devices; its local group never shares one
             local[m.name] = "nccl" if nccl_ok and m.device is not None and m.device.cuda else "gloo"
     return Backends(worker, local)
+
+
+def group_backend(topo: Topology, ranks, comm: CommConfig) -> Backend:
+    """The backend of a group of workers' collectives on CUDA tensors (the job's workers,
+    or a subgroup such as a pipeline stage's replicas): NCCL when the group has several
+    members, every one a CUDA GPU of its own (distinct node and local rank: NCCL refuses
+    two ranks of one communicator on one GPU), unless --collective gloo; gloo otherwise,
+    fed from pinned host buffers. Pure: every rank derives the same answer."""
+    procs = [topo.proc(r) for r in ranks]
+    if comm.collective == "gloo" or len(procs) < 2 or not all(is_cuda(p) for p in procs):
+        return "gloo"
+    gpus = {(p.machine.node, p.local_rank) for p in procs}
+    return "nccl" if len(gpus) == len(procs) else "gloo"
 
 
 def preflight(cluster: ClusterSpec, topo: Topology, comm: CommConfig, node_rank: int | None) -> Backends:

@@ -242,10 +242,7 @@ class Launcher:
         STOP_REQUESTED.set()
         for c in self.children:
             if c.popen.poll() is None:
-                try:
-                    os.killpg(c.popen.pid, signum)
-                except ProcessLookupError:
-                    pass
+                self._signal(c, signum)
 
     def _on_signal(self, signum, frame) -> None:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
@@ -310,41 +307,44 @@ class Launcher:
         self.cluster = cluster
         return self._lead() if self.node_rank in (None, 0) else self._follow()
 
-    def _spawn(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int, local_rank: int, local_world_size: int,
+    def _child(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int, local_rank: int, local_world_size: int,
                cores) -> Child:
-        cfg = self.cfg
-        env = dict(os.environ)
-        env.update(cfg.extra_env)
-        env.update(ProcEnv(p.rank, topo.world_size, self.master_addr, self.port, self.job_id,
-                           sub.model_dump_json(), cfg.comm, str(self.run_dir), local_rank=local_rank,
-                           local_world_size=local_world_size, restart=r).to_environ(self.secret))
-        env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
-        threads = cores.threads_for(p.rank)
-        if threads:  # the cluster file gave this worker its own cores
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-        if self.ratelimit_dir:
-            env["HETRAIN_RATELIMIT_DIR"] = self.ratelimit_dir
-        env["PYTHONUNBUFFERED"] = "1"
-        if p.role == "worker":
-            argv = [sys.executable, "-u", *cfg.argv]
-        else:
-            argv = [sys.executable, "-u", "-m", "hetrain.comm.server"]
-        if cores.cores_for(p.rank):
-            argv = pin(argv, cores.cores_for(p.rank))
-        if self.netns is not None:
-            argv = self.netns.wrap(p.machine.name, argv)
-        # children start with SIGUSR1 blocked: an early stop request stays pending until
-        # the script installs its handler (hetrain.train.elastic.on_stop_request)
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        try:
-            popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        child = Child(p, popen)
+        """Start process `p` of round `r` (`_spawn`) and forward its output."""
+        env = process_env(self.cfg, p, topo.world_size, sub, self.master_addr, self.port, self.job_id, self.secret,
+                          str(self.run_dir), self.ratelimit_dir, local_rank=local_rank,
+                          local_world_size=local_world_size, threads=cores.threads_for(p.rank), restart=r)
+        self._core_plan = cores
+        child = Child(p, self._spawn(p, process_args(self.cfg, p), env))
         child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
         child.reader.start()
         return child
+
+    def _spawn(self, p: Proc, args: list[str], env: dict[str, str]):
+        """Start one process of the job here; returns its Popen (or a handle like it:
+        the Ray backend starts it in an actor)."""
+        argv = [sys.executable, *args]
+        plan = getattr(self, "_core_plan", None)
+        if plan is not None and plan.cores_for(p.rank):  # the cluster file gave this worker its own cores
+            argv = pin(argv, plan.cores_for(p.rank))
+        if self.netns is not None:
+            argv = self.netns.wrap(p.machine.name, argv)
+        return start_process(argv, full_env(env))
+
+    def _signal(self, child: Child, signum: int) -> None:
+        """Send a signal to a process and its children."""
+        try:
+            os.killpg(child.popen.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def _exit_text(self, child: Child) -> str:
+        return _describe_exit(child.popen.returncode)
+
+    @staticmethod
+    def _host_pid(child: Child) -> int | None:
+        """The process id on this host, whose kernel state the launcher can read (None
+        for a process started elsewhere, such as in a Ray actor)."""
+        return child.popen.pid if isinstance(child.popen, subprocess.Popen) else None
 
     def _start_round(self, r: int, sub: ClusterSpec, topo: Topology):
         """This node's processes of round r; returns the round's store."""
@@ -355,7 +355,7 @@ class Launcher:
         cores = self._cores(local)
         if cores.pinned and r == 0:
             self._log(f"hetrain: {describe_cores(cores, local)}")
-        self.children = [self._spawn(p, topo, sub, r, i, len(local), cores) for i, p in enumerate(local)]
+        self.children = [self._child(p, topo, sub, r, i, len(local), cores) for i, p in enumerate(local)]
         if STOP_REQUESTED.is_set():  # asked before the processes existed
             self._forward()
         return rstore
@@ -388,6 +388,9 @@ class Launcher:
                           f"({', '.join(p.machine.name for p in topo.workers)}), fewer than --min-workers "
                           f"{el.min_workers}; left out: {', '.join(self.membership.left_out())}")
                 return self._end_job(1)
+            if r == 0 and STOP_REQUESTED.is_set():  # asked to stop before any process started: nothing to save
+                self._log("hetrain: stop requested before the job started; relaunch to run it")
+                return self._end_job(EXIT_STOPPED)
             names = [m.name for m in sub.machines]
             # the round's admission nonce exists before any of its processes asks for it
             self.store.set(f"{round_prefix(r)}/hetrain/nonce", uuid.uuid4().hex)
@@ -516,8 +519,14 @@ class Launcher:
         remote = [p.rank for p in topo.procs if p.rank not in local]
         live = Liveness(rstore, [p.rank for p in topo.procs])
         for c in self.children:
-            live.watch_pid(c.proc.rank, c.popen.pid)
+            if self._host_pid(c) is not None:
+                live.watch_pid(c.proc.rank, self._host_pid(c))
         exits: dict[int, tuple[int, bool]] = {}
+        texts: dict[int, str] = {}  # how a process of this node ended, in words
+
+        def how(k: int) -> str:
+            return texts.get(k) or _describe_exit(exits[k][0])
+
         never_joined_checked = False
         root: tuple[int, str] | None = None
         consequence_since = None
@@ -531,6 +540,7 @@ class Launcher:
                     if c.reader:
                         c.reader.join(timeout=2)  # its last lines decide whether it only lost a peer
                     exits[rank] = (c.popen.returncode, _is_consequence(c))
+                    texts[rank] = self._exit_text(c)
                     live.forget(rank)
             if now >= next_poll:
                 next_poll = now + 0.5
@@ -561,7 +571,7 @@ class Launcher:
                 real = [k for k, (_, cons) in failed.items() if not cons]  # in the order they were seen
                 hung = live.hung(hang_s)
                 if real:
-                    root = (real[0], f"died: {_describe_exit(failed[real[0]][0])}")
+                    root = (real[0], f"died: {how(real[0])}")
                 elif hung:
                     root = (hung[0], f"hung: {live.reason(hung[0])}")
                 elif failed:
@@ -571,7 +581,7 @@ class Launcher:
                         root = (suspects[0], f"hung: {live.reason(suspects[0])}")
                     elif now - consequence_since > CONSEQUENCE_WAIT_S:
                         k = min(failed)
-                        root = (k, f"died: {_describe_exit(failed[k][0])}")
+                        root = (k, f"died: {how(k)}")
                 if root is not None:
                     rank, record = root
                     try:
@@ -583,7 +593,7 @@ class Launcher:
                     if kind == "hung":
                         self._log(f"hetrain: {topo.describe(rank)} stopped answering: {how}; stopping it")
                         if rank in local:
-                            _kill(local[rank], signal.SIGKILL)
+                            self._signal(local[rank], signal.SIGKILL)
                     elif not _joined(rstore, rank):  # the others wait for it at the rendezvous: nothing to wait for
                         self._log(f"hetrain: {topo.describe(rank)} exited ({how}) before the job formed; stopping "
                                   "the others now")
@@ -620,7 +630,7 @@ class Launcher:
         failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE, -signal.SIGTERM)}
         if root is None and failed:
             k = min(failed, key=lambda k: (failed[k][1], k))
-            root = (k, f"died: {_describe_exit(failed[k][0])}")
+            root = (k, f"died: {how(k)}")
         try:
             commits = int(rstore.add(COMMITS, 0))
         except Exception:
@@ -719,7 +729,7 @@ class Launcher:
                         for c in self.children:
                             if c.popen.poll() is None and rstore.check([dead_key(c.proc.rank)]):
                                 if rstore.get(dead_key(c.proc.rank)).decode().startswith("hung"):
-                                    _kill(c, signal.SIGKILL)
+                                    self._signal(c, signal.SIGKILL)
                         if any(c.popen.poll() is None for c in self.children) and rstore.check([TEARDOWN]):
                             self._stop_all(grace=3.0)
                             self._post_exits(rstore, posted)
@@ -751,11 +761,6 @@ class Launcher:
         it closes); a piece with no end yet (a bar waiting for its next redraw) is shown
         once nothing more has arrived for `idle_s`."""
         prefix = f"[{child.proc.rank}:{child.proc.label}]"
-        fd = child.popen.stdout.fileno()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP)
-        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
 
         def emit(piece: str) -> None:
             if piece.strip():
@@ -763,6 +768,17 @@ class Launcher:
                 if not self.cfg.quiet:
                     self._log(f"{prefix} {piece}")
 
+        stream = child.popen.stdout
+        if not hasattr(stream, "fileno"):  # a remote process (Ray) hands over its output line by line
+            for line in stream:
+                for piece in re.split(r"[\r\n]", line if isinstance(line, str) else line.decode(errors="replace")):
+                    emit(piece)
+            return
+        fd = stream.fileno()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        pending, shown = "", 0  # text after the last line end, and how much of it is already shown
         while True:
             if len(pending) > shown and not poller.poll(int(idle_s * 1000)):
                 emit(pending[shown:])
@@ -790,13 +806,13 @@ class Launcher:
     def _stop_all(self, grace: float) -> None:
         alive = [c for c in self.children if c.popen.poll() is None]
         for c in alive:
-            _kill(c, signal.SIGTERM)
+            self._signal(c, signal.SIGTERM)
         end = time.monotonic() + grace
         for c in alive:
             try:
                 c.popen.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _kill(c, signal.SIGKILL)
+                self._signal(c, signal.SIGKILL)
                 c.popen.wait()
 
 
@@ -821,11 +837,63 @@ def _joined(rstore, rank: int) -> bool:
         return True
 
 
-def _kill(child: Child, sig: int) -> None:
+def process_env(cfg: LaunchConfig, p: Proc, world_size: int, cluster: ClusterSpec, master_addr: str, port: int,
+                job_id: str, secret: str, run_dir: str, ratelimit_dir: str | None = None, *,
+                local_rank: int = 0, local_world_size: int = 1, threads: int | None = None,
+                restart: int = 0) -> dict[str, str]:
+    """hetrain's variables for one process of a job, to lay over the environment of the
+    machine it runs on (`full_env`). The one place that says what a process is told.
+    `local_rank`/`local_world_size`: its place among the processes its launcher starts
+    (torchrun's LOCAL_RANK); `threads`: the cores the cluster file gives it; `restart`:
+    the job's round (0 first, then one more per restart or resize)."""
+    env = dict(cfg.extra_env)
+    env.update(ProcEnv(p.rank, world_size, master_addr, port, job_id, cluster.model_dump_json(), cfg.comm,
+                       run_dir, local_rank=local_rank, local_world_size=local_world_size,
+                       restart=restart).to_environ(secret))
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    if ratelimit_dir:
+        env["HETRAIN_RATELIMIT_DIR"] = ratelimit_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def full_env(overrides: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(overrides)
+    env.setdefault("OMP_NUM_THREADS", "1")  # many processes share few cores
+    return env
+
+
+def process_args(cfg: LaunchConfig, p: Proc) -> list[str]:
+    """The interpreter's arguments for one process: the user's script on workers, the
+    summation service on servers."""
+    return ["-u", *cfg.argv] if p.role == "worker" else ["-u", "-m", "hetrain.comm.server"]
+
+
+def start_process(argv: list[str], env: dict[str, str], cwd: str | None = None,
+                  die_with_parent: bool = False) -> subprocess.Popen:
+    """Start a process of a job in its own session, output piped, SIGUSR1 blocked: an early
+    stop request stays pending until the script installs its handler
+    (hetrain.train.elastic.on_stop_request). `die_with_parent` (Linux): the kernel kills it
+    when the starting thread's process dies, so no rank outlives a supervisor that is killed."""
+    preexec = _pdeathsig() if die_with_parent else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     try:
-        os.killpg(child.popen.pid, sig)
-    except ProcessLookupError:
-        pass
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=preexec, bufsize=0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _pdeathsig():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
+    return lambda: prctl(pr_set_pdeathsig, sigkill)
 
 
 def launch(cfg: LaunchConfig) -> int:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from .policies import DEFAULT_POLICY
 
 
 def register(subparsers) -> None:
@@ -13,23 +14,29 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="schedule_command", metavar="ACTION")
     s = sub.add_parser("simulate", help="simulate a trace or a synthetic pattern under one or more policies")
     src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="Gavel/Philly trace file (tab-separated, one job a line)")
+    src.add_argument("--trace", help="Gavel/Philly trace file (tab-separated, one job a line), or the name of a shipped trace (e.g. 6214e9)")
     src.add_argument("--pattern", help="synthetic arrivals: all-at-once, poisson, bursts[-short|-long|-mixed]")
     s.add_argument("--cluster", default="v100:8,p100:8,k80:8",
-                   help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file with `gpus:`")
-    s.add_argument("--policy", default="doubling",
+                   help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file: `gpus: {v100: 8}`, "
+                        "a launcher cluster file (its GPU machines by device kind) or a catalogue (its GPU types)")
+    s.add_argument("--policy", default=DEFAULT_POLICY,
                    help="policy name, or several separated by commas (fifo, srtf, doubling, doubling-strict, optimal)")
     s.add_argument("--jobs", type=int, default=50, help="jobs in a synthetic pattern, or the first N of a trace")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--load", type=float, default=1.0, help="offered load of poisson/bursts patterns (x cluster)")
     s.add_argument("--restart-cost", type=float, default=10.0, help="seconds a stop + restart costs a job")
-    s.add_argument("--throughputs", help="simulation_throughputs.json (default: ../shared/data/gavel)")
+    s.add_argument("--throughputs", help="simulation_throughputs.json (default: the copy shipped in hetrain/data/gavel)")
     s.add_argument("--out", help="folder for jct_cdf.png, timeline_<policy>.png and summary.json")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_simulate)
     r = sub.add_parser("run", help="run a small workload of real training jobs under a policy")
-    r.add_argument("--policy", default="doubling")
-    r.add_argument("--cluster", default="cpu:2", help="emulated GPU pool on this host, e.g. cpu:2 (one process per GPU)")
+    r.add_argument("--policy", default=DEFAULT_POLICY)
+    r.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: processes on this host (emulated GPU pool); ray: GPUs of a Ray cluster")
+    r.add_argument("--address", help="ray: the cluster's GCS address HOST:PORT, or auto")
+    r.add_argument("--ray-gpu-resource", default="GPU", help="ray: the resource that counts GPUs (default GPU)")
+    r.add_argument("--cluster", help="GPU pools, e.g. cpu:2 (local default: one process per emulated GPU); "
+                                     "ray default: the Ray cluster's GPUs by accelerator type")
     r.add_argument("--workdir", default="sched-run", help="checkpoints and logs go here")
     r.add_argument("--json", help="write the measured and simulated JCTs here")
     r.set_defaults(func=_run)

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..cluster.hardware import Inventory
 from ..errors import UserError
-from ..perf.jobs import ScalingCurve, rate_table
-from .cluster import GpuCluster
+from ..perf.jobs import ScalingCurve, completion_time, rate_table
 
 
 class Alloc(NamedTuple):
@@ -40,10 +40,15 @@ class Job:
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
     start_cost: float = 0.0       # seconds before the first step of a cold start
+    # seconds the job has held GPUs of each type (kept by the simulator and the executor;
+    # Gavel's round-based mechanism compares it with the time shares its LP asks for)
+    service_s: np.ndarray = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
             self.remaining = self.work
+        if self.service_s is None:
+            self.service_s = np.zeros(self.rates.shape[0])
         self.max_gpus = min(self.max_gpus, self.rates.shape[1] - 1)
 
     def rate(self, a: Alloc | None) -> float:
@@ -60,11 +65,11 @@ class Job:
 
     def est_time(self, a: Alloc, current: Alloc | None) -> float:
         """Estimated seconds to finish from now at allocation a (restart charged on a change)."""
-        r = self.rate(a)
-        if r <= 0:
-            return float("inf")
-        penalty = self.restart_cost if (self.started and a != current) else 0.0
-        return penalty + self.remaining / r
+        return completion_time(self.remaining, self.rate(a), self.change_cost(a, current))
+
+    def change_cost(self, a: Alloc | None, current: Alloc | None) -> float:
+        """Seconds a move from `current` to `a` costs: the restart cost, once the job has run."""
+        return self.restart_cost if (self.started and a != current) else 0.0
 
     def best_type_order(self, n: int) -> list[int]:
         """Types sorted fastest first for this job at n GPUs (or at its feasible size)."""
@@ -73,7 +78,7 @@ class Job:
 
 
 def make_job(job_id: int, name: str, arrival: float, work: float, curve: ScalingCurve,
-             cluster: GpuCluster, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
+             cluster: Inventory, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
              restart_cost: float = 10.0, where: str = "") -> Job:
     """Bind a job to a cluster (dense rate table) and check it can run there at all."""
     at = f"{where}: " if where else ""
@@ -84,9 +89,9 @@ def make_job(job_id: int, name: str, arrival: float, work: float, curve: Scaling
                        f"cluster {cluster.spec} has {cluster.largest_pool}; ask for fewer or add GPUs")
     if work <= 0:
         raise JobError(f"{at}job {name!r} needs positive work, got {work}")
-    top = max(curve.max_gpus(t) for t in cluster.types)
+    top = max(curve.max_gpus(t) for t in cluster.names)
     cap = cluster.largest_pool if max_gpus is None else min(max_gpus, cluster.largest_pool)
-    table = rate_table(curve, cluster.types, max(1, min(top, cap)))
+    table = rate_table(curve, cluster.names, max(1, min(top, cap)))
     if not np.any(table[:, min_gpus:] > 0) or min_gpus > table.shape[1] - 1:
         raise JobError(f"{at}job {name!r} cannot run on any GPU type of cluster {cluster.spec} "
                        f"with >= {min_gpus} GPUs (no measured throughput)")

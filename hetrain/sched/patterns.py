@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cluster.hardware import Inventory
 from ..errors import UserError
-from .cluster import GpuCluster
 from .gavel import load_throughputs
 from .job import Job, make_job
 
@@ -46,7 +46,7 @@ def _durations(rng: np.random.Generator, mix: str, n: int) -> np.ndarray:
     return np.exp(np.where(rng.random(n) < 0.8, short, long))
 
 
-def make_pattern(name: str, n_jobs: int, cluster: GpuCluster, seed: int = 0, load: float = 1.0,
+def make_pattern(name: str, n_jobs: int, cluster: Inventory, seed: int = 0, load: float = 1.0,
                  restart_cost: float = 10.0, throughputs: str | None = None, max_request: int | None = None,
                  elastic_max: int = 8) -> list[Job]:
     """`n_jobs` jobs of pattern `name`; deterministic for a given seed."""
@@ -83,10 +83,10 @@ def make_pattern(name: str, n_jobs: int, cluster: GpuCluster, seed: int = 0, loa
     for j in range(n_jobs):
         curve = curves[kinds[kind_idx[j]]]
         # work = duration alone on one GPU of the job's fastest type in this cluster
-        best = max(curve.rate(t, 1) for t in cluster.types)
+        best = max(curve.rate(t, 1) for t in cluster.names)
         if best <= 0:  # job type not measured on these GPU types: take the next one that is
-            curve = next(curves[k] for k in kinds if max(curves[k].rate(t, 1) for t in cluster.types) > 0)
-            best = max(curve.rate(t, 1) for t in cluster.types)
+            curve = next(curves[k] for k in kinds if max(curves[k].rate(t, 1) for t in cluster.names) > 0)
+            best = max(curve.rate(t, 1) for t in cluster.names)
         jobs.append(make_job(j, kinds[kind_idx[j]], float(times[j]), float(dur[j] * best), curve, cluster,
                              requested=int(req[j]), max_gpus=max(int(req[j]), elastic_max),
                              restart_cost=restart_cost))

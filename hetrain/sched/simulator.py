@@ -1,7 +1,8 @@
 """Discrete-event simulator of a GPU cluster under a scheduling policy.
 
-Events are job arrivals and completions; all events at one instant are applied, then
-the policy re-plans once. A job whose allocation changes after it has started (a
+Events are job arrivals and completions (and, for a round-based policy such as Gavel's,
+the start of every round); all events at one instant are applied, then the policy
+re-plans once. A job whose allocation changes after it has started (a
 resize, a type change, or a resume after preemption) pauses for its restart cost
 before it progresses again: that is the stop/restart charge. Progress between events
 is `rate(type, n) x time`, integrated with numpy over the active jobs.
@@ -14,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cluster import GpuCluster
+from ..cluster.hardware import Inventory
 from .job import Alloc, Allocation, Job
 from .policies import Policy, check_allocation, get_policy
 
@@ -63,7 +64,7 @@ class SimResult:
                 "decision_ms": 1e3 * self.decision_wall_s / max(1, self.decisions), "wall_s": self.wall_s}
 
 
-def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, progress: bool = False,
+def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, progress: bool = False,
              validate: bool = True) -> SimResult:
     """Run `jobs` (fresh Job objects; their `remaining` is consumed) to completion."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
@@ -81,12 +82,14 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
     gpus_of = np.zeros(n, dtype=np.int64)
     for j in jobs:
         j.started = False
+        j.service_s = np.zeros(len(cluster.names))
+    round_s = getattr(pol, "round_s", None)
     idx_of = {j.job_id: i for i, j in enumerate(jobs)}
     if len(idx_of) != n:
         raise ValueError("job ids must be unique")
     active: set[int] = set()
     alloc: Allocation = {}
-    ntypes = len(cluster.types)
+    ntypes = len(cluster.names)
     used = np.zeros(ntypes, dtype=np.int64)
     tl_t, tl_used, tl_run = [], [], []
     busy_gpu_s = 0.0
@@ -110,7 +113,9 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
         else:
             t_done = np.zeros(0)
             t_comp = np.inf
-        t_next = min(t_arr, t_comp)
+        # round-based policies (Gavel) also re-plan every round while jobs are active
+        t_round = now + round_s if round_s and len(act) else np.inf
+        t_next = min(t_arr, t_comp, t_round)
         if not np.isfinite(t_next):
             raise RuntimeError(f"policy {name} left {len(active)} jobs waiting on an idle cluster at t={now:.0f}s "
                                f"(no job can start); this is a policy bug or an impossible request")
@@ -119,6 +124,8 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
             busy_gpu_s += float(used.sum()) * (t_next - now)
             run_dt = np.clip(t_next - np.maximum(now, pause_until[act]), 0.0, None)
             rem[act] -= rate[act] * run_dt
+            for jid, a in alloc.items():
+                jobs[idx_of[jid]].service_s[a.type] += t_next - now
             done = act[t_done <= t_next + _EPS * max(1.0, abs(t_next))]
         else:
             done = act
@@ -180,4 +187,4 @@ def simulate(jobs: Sequence[Job], cluster: GpuCluster, policy: Policy | str, pro
                      restarts_per_job=restarts, makespan_s=makespan, utilization=util, decisions=decisions,
                      decision_wall_s=decision_s, wall_s=time.perf_counter() - t_wall,
                      timeline_t=np.array(tl_t), timeline_used=np.array(tl_used).reshape(-1, ntypes),
-                     timeline_running=np.array(tl_run), gpu_types=cluster.types)
+                     timeline_running=np.array(tl_run), gpu_types=cluster.names)

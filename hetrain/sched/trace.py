@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from .cluster import GpuCluster
-from .gavel import load_throughputs
+from ..cluster.hardware import Inventory
+from .gavel import bundled_traces, load_throughputs, trace_path
 from .job import Job, JobError, make_job
 
 
@@ -18,7 +18,7 @@ class TraceError(UserError):
     """A trace line that cannot be read."""
 
 
-def parse_trace_lines(lines, cluster: GpuCluster, source: str = "<trace>", restart_cost: float = 10.0,
+def parse_trace_lines(lines, cluster: Inventory, source: str = "<trace>", restart_cost: float = 10.0,
                       throughputs: str | None = None, limit: int | None = None, elastic_max: int = 8) -> list[Job]:
     curves = load_throughputs(throughputs)
     jobs: list[Job] = []
@@ -72,9 +72,10 @@ def parse_trace_lines(lines, cluster: GpuCluster, source: str = "<trace>", resta
     return jobs
 
 
-def load_trace(path: str | Path, cluster: GpuCluster, **kw) -> list[Job]:
-    path = Path(path)
+def load_trace(path: str | Path, cluster: Inventory, **kw) -> list[Job]:
+    path = trace_path(path)
     if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
+        raise TraceError(f"trace file {path} does not exist (shipped traces, usable by name: "
+                         f"{', '.join(bundled_traces())})")
     with path.open("rb") as fh:  # bytes: a line that is not UTF-8 is reported by number
         return parse_trace_lines(fh, cluster, source=str(path), **kw)

@@ -12,21 +12,26 @@ another size ends with the parameters of an uninterrupted run (up to float round
 Model, optimizer and step live in a `hetrain.elastic.State` committed under
 `<job-dir>/elastic` (read it back with `hetrain.train.elastic.load_committed`).
 SIGUSR1 (or SIGTERM) asks the job to stop: after the current step the ranks agree
-(`state.check()`), commit, and every rank exits with EXIT_STOPPED; a relaunch at any
-size resumes from that commit. On completion the final commit carries `done=True` and
-the processes exit 0. T_compute is emulated: after each step a rank sleeps
-compute_s / W (a GPU's share of the global batch's compute).
+(`state.check()`: all-reduce MAX of the flag), commit, and every rank exits with
+EXIT_STOPPED; a relaunch at any size resumes from that commit. On completion the final
+commit carries `done=True` and the processes exit 0. T_compute is emulated: after each
+step a rank sleeps compute_s / W (a GPU's share of the global batch's compute).
+
+Rank 0 reports progress in `progress` (step, time, world size, then the steps timed in
+this run after its first, with their compute and communication seconds): the scheduler
+fits the job's ring curve to them.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-from hetrain.train.elastic import EXIT_STOPPED, on_stop_request  # noqa: F401 (EXIT_STOPPED: for the executor)
+from hetrain.train.elastic import EXIT_STOPPED, StopAtCommit, on_stop_request  # noqa: F401 (EXIT_STOPPED: for the executor)
 
 
 def build(seed: int, n_samples: int, dim: int):
@@ -81,27 +86,47 @@ def main(argv=None) -> int:
                                   replicas=1)
     t_start = time.time()
     times = []
+    compute_sum = comm_sum = 0.0  # this run's steps after its first (which includes warm-up)
 
     @hetrain.elastic.run
     def train(state) -> None:
+        nonlocal compute_sum, comm_sum
         while state.step < args.steps:
             t0 = time.perf_counter()
             idx = global_batch(state.step, args.batch, args.samples, args.seed)[rank::world]
             opt.zero_grad(set_to_none=False)
             loss = ((model(x[idx]) - y[idx]) ** 2).sum() / args.batch
             loss.backward()
+            t1 = time.perf_counter()
             hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()], average=False)
+            t2 = time.perf_counter()
             opt.step()
             if args.compute_s > 0:
                 time.sleep(args.compute_s / world)
             state.step += 1
-            times.append(time.perf_counter() - t0)
-            if rank == 0:
-                tmp = job_dir / "progress.tmp"
-                tmp.write_text(f"{state.step} {time.time():.6f}\n")
-                os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
+            t3 = time.perf_counter()
+            stopping = None
             if state.step < args.steps:
-                state.check()  # a stop request: all ranks commit here and exit EXIT_STOPPED
+                try:
+                    state.check()  # a stop request: all ranks commit here and exit EXIT_STOPPED
+                except StopAtCommit as stop:
+                    stopping = stop  # report this step first
+            t4 = time.perf_counter()
+            times.append(t4 - t0)
+            if rank == 0:
+                if len(times) > 1:
+                    compute_sum += (t1 - t0) + (t3 - t2)
+                    comm_sum += (t2 - t1) + (t4 - t3)
+                # step, time, world size, timed steps, their compute and communication seconds
+                tmp = job_dir / "progress.tmp"
+                tmp.write_text(f"{state.step} {time.time():.6f} {world} {len(times) - 1} {compute_sum:.6f} "
+                               f"{comm_sum:.6f}\n")
+                os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
+            if stopping is not None:
+                raise stopping
+        # the loop is over: a later stop request has nothing to stop, and must not kill this
+        # rank while Python shuts down (which restores SIGUSR1's default action, terminate)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         state.done = True
         state.commit()
 

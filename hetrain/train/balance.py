@@ -1,43 +1,68 @@
-"""Measured batch balancing (H-PS): each worker's share of the global batch follows its
-measured samples/s and is capped by its free memory, so all workers finish a step
-together.
+"""Measured batch balancing (H-PS): each worker's share of the global batch is chosen so
+that all workers are predicted to finish their step's compute together, within what
+their memory holds.
 
-Every worker measures its own compute speed; the speeds are all-gathered as one
-float64 tensor over the worker group, and every worker then runs the same pure
-function (`balanced_sizes`) on the same numbers, so all workers agree on the shares
-without a coordinator. The global batch never changes, and push_pull weights each
-gradient by its batch size, so the update is the one a single machine would compute
-on the whole global batch.
+A worker's compute time per step is not proportional to its share: there is a fixed
+part (kernel launches, Python, the optimizer update, small-batch inefficiency) and a
+per-sample part, and both differ per device (a GPU has a large fixed part and a tiny
+per-sample part; a CPU the other way round). Every worker therefore fits its own
+
+    t(b) = fixed + per_sample · b
+
+online from its recent steps (`StepTimeModel`), all-gathers the two numbers as float64
+over the worker group, and every worker runs the same exact solver (`solve_shares`) on
+the same numbers, so all agree on the shares without a coordinator. The global batch
+never changes, and push_pull weights each gradient by its batch size, so the update is
+the one a single machine would compute on the whole global batch.
+
+Memory caps come from the device itself (`hetrain.runtime.memory.memory_limit`: free
+GPU memory, or the process's cgroup / RLIMIT_AS / available RAM on a CPU); the cluster
+file's `memory` overrides the measurement.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..runtime.devices import worker_device
+from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 
 
 class BatchDoesNotFitError(UserError):
     """The global batch needs more memory than the workers have together."""
 
 
+class DeviceMemoryTooSmallError(UserError):
+    """A worker's device cannot hold even the smallest share."""
+
+
 @dataclass(frozen=True)
 class BalanceConfig:
-    """How shares follow speed. Validated so a bad value fails before training starts."""
+    """How shares follow measured step times. Validated so a bad value fails before training starts."""
 
-    window: int = 3  # speed = median of the last `window` steps' samples/s (robust to one outlier)
+    policy: Literal["measured", "equal"] = "measured"  # equal: fixed equal shares (capped by memory), still measured
+    window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
+    recent: int = 5  # the level follows the median over the last `recent` steps (two outliers do not move shares)
     every: int = 1  # re-balance every `every` steps
+    overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
     reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
     min_samples: int = 1  # every worker keeps at least this many samples, so its speed stays measurable
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise UserError(f"balance window must be >= 1 step, got {self.window}")
+        if self.policy not in ("measured", "equal"):
+            raise UserError(f"balance policy must be 'measured' or 'equal', got {self.policy!r}")
+        if self.window < 2:
+            raise UserError(f"balance window must be >= 2 steps, got {self.window}")
+        if not 1 <= self.recent <= self.window:
+            raise UserError(f"balance recent must be between 1 and window={self.window} steps, got {self.recent}")
         if self.every < 1:
             raise UserError(f"balance every must be >= 1 step, got {self.every}")
         if self.memory_per_sample < 0 or self.reserved_bytes < 0:
@@ -46,147 +71,420 @@ class BalanceConfig:
             raise UserError("min_samples must be >= 0")
 
 
-def memory_caps(memory: list[float], cfg: BalanceConfig) -> np.ndarray:
-    """Most samples each worker's free memory holds (a huge number when uncapped)."""
-    huge = np.iinfo(np.int64).max // (4 * max(1, len(memory)))  # caps.sum() must not wrap either
+# ---- the step-time model ----------------------------------------------------------------
+
+class StepTimeModel:
+    """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
+
+    - The shape (the ratio of fixed to per-sample time) comes from a Theil–Sen
+      regression (median of pairwise slopes, `scipy.stats.theilslopes`) over the last
+      `window` steps, which tolerates up to ~29% outliers. It is refitted only when the
+      window's batch sizes are spread enough to identify a slope (max − min ≥ max(2, 20%
+      of the median)); otherwise the last identified line is held (balanced shares
+      settle, so the window soon holds one batch size only). Before any identification
+      the fixed part is 0 (a proportional model). A slope ≤ 0 (time flat in the batch,
+      e.g. a GPU far from busy) is read as 90% fixed time.
+    - The level follows the last `recent` steps: both parts are scaled by the median of
+      measured / predicted time over them. So the model always passes through the
+      current operating point (shares that equalise predicted times equalise measured
+      ones, whatever error the shape has), one disturbed step does not move it, and a
+      slowdown or speed-up (interference stretches the whole step) is followed within
+      `recent`/2 + 1 steps without the overshoot a held fixed part would cause.
+    """
+
+    def __init__(self, window: int = 16, recent: int = 5, min_spread: float = 0.2):
+        self.obs: deque[tuple[int, float]] = deque(maxlen=window)
+        self.recent = recent
+        self.min_spread = min_spread
+        self.line: tuple[float, float] | None = None  # last identified (fixed s, per-sample s)
+        self.how = "none"  # none | proportional | regression | held
+
+    def add(self, samples: int, seconds: float) -> None:
+        if samples > 0 and np.isfinite(seconds) and seconds > 0:
+            self.obs.append((int(samples), float(seconds)))
+
+    def _identifiable(self, b: np.ndarray) -> bool:
+        return len(b) >= 3 and (b.max() - b.min()) >= max(2.0, self.min_spread * float(np.median(b)))
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per sample); (nan, nan) before any observation."""
+        if not self.obs:
+            self.how = "none"
+            return float("nan"), float("nan")
+        b = np.array([o[0] for o in self.obs], dtype=float)
+        t = np.array([o[1] for o in self.obs], dtype=float)
+        if self._identifiable(b):
+            from scipy.stats import theilslopes
+
+            slope, intercept = theilslopes(t, b)[:2]
+            med_t, med_b = float(np.median(t)), float(np.median(b))
+            if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
+                self.line = (max(0.0, float(intercept)), float(slope))
+            elif np.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
+                self.line = (0.9 * med_t, 0.1 * med_t / med_b)
+            self.how = "regression"
+        else:
+            self.how = "held" if self.line is not None else "proportional"
+        rb, rt = b[-self.recent:], t[-self.recent:]
+        fixed, per = self.line if self.line is not None else (0.0, float(np.median(rt / rb)))
+        pred = fixed + per * rb
+        scale = float(np.median(rt / np.where(pred > 0, pred, np.inf))) if np.all(pred > 0) else 1.0
+        if not (np.isfinite(scale) and scale > 0):
+            scale = 1.0
+        return fixed * scale, max(per * scale, 1e-12)
+
+
+# ---- the share solver ---------------------------------------------------------------------
+
+def memory_caps(memory, cfg: BalanceConfig, limit: int) -> np.ndarray:
+    """Most samples each worker's free memory holds, never more than `limit` (the global
+    batch: no worker can use more), so an uncapped worker (no per-sample memory given, or
+    unlimited memory) gets `limit` rather than a float infinity cast to int64."""
+    mem = np.asarray(memory, dtype=float)
     if cfg.memory_per_sample <= 0:
-        return np.full(len(memory), huge, dtype=np.int64)
-    free = np.maximum(0.0, np.asarray(memory, dtype=float) - cfg.reserved_bytes)
-    # infinite memory (a worker without a cluster file) stays a huge count instead of wrapping when cast
-    return np.floor(np.minimum(free / cfg.memory_per_sample, huge)).astype(np.int64)
+        return np.full(len(mem), int(limit), dtype=np.int64)
+    free = np.maximum(0.0, mem - cfg.reserved_bytes)
+    caps = np.where(np.isfinite(free), np.floor(free / cfg.memory_per_sample), float(limit))
+    return np.minimum(caps, float(limit)).astype(np.int64)
+
+
+def _check_fits(global_batch: int, caps: np.ndarray, labels, memory_per_sample: float) -> None:
+    if int(caps.sum()) >= global_batch:
+        return
+    labels = labels or [f"worker {i}" for i in range(len(caps))]
+    short = global_batch - int(caps.sum())
+    per = ", ".join(f"{lab}: {int(c)}" for lab, c in zip(labels, caps))
+    extra = f" ({short * memory_per_sample / 2**20:.1f} MiB)" if memory_per_sample > 0 else ""
+    raise BatchDoesNotFitError(
+        f"the global batch of {global_batch} samples does not fit in the cluster's memory: the workers hold "
+        f"at most {int(caps.sum())} samples together ({per}); short by {short} samples{extra}. "
+        "Lower the global batch, add workers or memory, or reduce the memory each sample needs.")
+
+
+def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
+                 memory_per_sample: float = 0.0) -> np.ndarray:
+    """Integer shares adding up to `global_batch` that minimise the largest predicted
+    step time max_i (fixed_i + per_sample_i · b_i), with min(min_samples, cap_i) ≤ b_i ≤ cap_i.
+
+    Exact, not a heuristic: with increasing linear times the optimum is reached by
+    handing out samples one at a time, each to the worker that would finish soonest
+    with it (the classic greedy for min-max separable resource allocation, which picks
+    the `global_batch` smallest "finish time of one more sample" values). To keep it
+    O(n log n) rather than O(global batch), the continuous water level is found first
+    (bisection on the level T where Σ clip((T − fixed_i)/per_sample_i) = global batch);
+    flooring at that level is exactly the state the greedy reaches after its first
+    picks, and the last < n + 1 samples are handed out greedily (ties: lower rank).
+    Hand-written because it runs every step in microseconds; a MILP (HiGHS) gives the
+    same optimum (checked by the tests) at far higher cost. Deterministic in its inputs.
+
+    Result: every worker below its cap is predicted to finish within one of its own
+    per-sample times of the slowest worker that was given samples by the solver.
+    """
+    fixed = np.asarray(fixed, dtype=float)
+    per = np.asarray(per_sample, dtype=float)
+    n = len(fixed)
+    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
+    _check_fits(global_batch, caps, labels, memory_per_sample)
+    lo = np.minimum(caps, min_samples if global_batch >= min_samples * n else 0).astype(np.int64)
+    fixed = np.where(np.isfinite(fixed) & (fixed > 0), fixed, 0.0)
+    good = np.isfinite(per) & (per > 0)
+    per = np.where(good, per, float(np.mean(per[good])) if good.any() else 1.0)
+    per = np.maximum(per, 1e-15)
+    need = int(global_batch) - int(lo.sum())
+    if need <= 0:
+        return _trim(lo, global_batch, fixed, per)
+
+    def count(level: float) -> np.ndarray:
+        return np.clip(np.floor((level - fixed) / per), lo, caps)
+
+    low = float(np.min(fixed + per * lo))
+    high = float(np.max(fixed + per * caps)) + 1.0
+    for _ in range(200):  # float bisection; the greedy below makes the result exact anyway
+        mid = 0.5 * (low + high)
+        if count(mid).sum() < global_batch:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-12 * max(1.0, abs(high)):
+            break
+    sizes = count(low).astype(np.int64)  # Σ < global batch: all picks of value ≤ low
+    heap = [(fixed[i] + per[i] * (sizes[i] + 1), i) for i in range(n) if sizes[i] < caps[i]]
+    heapq.heapify(heap)
+    for _ in range(int(global_batch - sizes.sum())):
+        _t, i = heapq.heappop(heap)
+        sizes[i] += 1
+        if sizes[i] < caps[i]:
+            heapq.heappush(heap, (fixed[i] + per[i] * (sizes[i] + 1), i))
+    return sizes
+
+
+def _trim(lo: np.ndarray, global_batch: int, fixed, per) -> np.ndarray:
+    """More forced minimum samples than the batch (only when caps force it): take back
+    from the workers predicted to finish last."""
+    sizes = lo.copy()
+    while sizes.sum() > global_batch:
+        t = np.where(sizes > 0, fixed + per * sizes, -np.inf)
+        sizes[int(np.argmax(t))] -= 1
+    return sizes
 
 
 def balanced_sizes(global_batch: int, speeds, caps, min_samples: int = 1, labels=None,
                    memory_per_sample: float = 0.0) -> np.ndarray:
-    """Per-worker batch sizes that add up to `global_batch`, proportional to `speeds`
-    (samples/s) where memory allows: water-filling gives a capped worker its cap and
-    spreads the rest over the others by speed. Deterministic in its inputs.
-    """
+    """Shares proportional to `speeds` (samples/s): `solve_shares` with no fixed part."""
     speeds = np.asarray(speeds, dtype=float)
-    caps = np.asarray(caps, dtype=np.int64)
-    n = len(speeds)
-    if caps.sum() < global_batch:
-        labels = labels or [f"worker {i}" for i in range(n)]
-        short = global_batch - int(caps.sum())
-        per = ", ".join(f"{lab}: {int(c)}" for lab, c in zip(labels, caps))
-        extra = f" ({short * memory_per_sample / 2**20:.1f} MiB)" if memory_per_sample > 0 else ""
-        raise BatchDoesNotFitError(
-            f"the global batch of {global_batch} samples does not fit in the cluster's memory: the workers hold "
-            f"at most {int(caps.sum())} samples together ({per}); short by {short} samples{extra}. "
-            "Lower the global batch, add workers or memory, or reduce the memory each sample needs.")
-    floor = np.minimum(caps, min_samples if global_batch >= min_samples * n else 0)
-    speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, 0.0)
-    if speeds.sum() <= 0:
-        speeds = np.ones(n)
-    # water-filling: sizes = clip(λ·speed, floor, cap) with λ chosen so they add up to the
-    # global batch (the sum is monotone in λ: bisection); a capped worker keeps its cap
-    # and the rest is spread over the others by speed
-    def total(lam: float) -> float:
-        return float(np.clip(lam * speeds, floor, caps).sum())
+    per = np.where(np.isfinite(speeds) & (speeds > 0), 1.0 / np.where(speeds > 0, speeds, 1.0), np.nan)
+    return solve_shares(global_batch, np.zeros(len(speeds)), per, caps, min_samples, labels, memory_per_sample)
 
-    lo, hi = 0.0, 1.0
-    while total(hi) < global_batch and hi < 1e30:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if total(mid) < global_batch else (lo, mid)
-    sizes = np.clip(hi * speeds, floor, caps).astype(float)
-    ints = np.minimum(np.floor(sizes + 1e-9).astype(np.int64), caps)
-    short = global_batch - int(ints.sum())
-    # the samples rounding left over go one by one to the worker that would finish its
-    # step soonest with one more (minimises the slowest worker's step time)
-    pace = np.where(speeds > 0, speeds, 1e-12)
-    for _ in range(max(0, short)):
-        after = np.where(ints < caps, (ints + 1) / pace, np.inf)
-        ints[int(np.argmin(after))] += 1
-    short = min(short, 0)
-    over = ints - caps
-    while short < 0 and (ints > floor).any():  # rounding gave one too many: take from the biggest surplus
-        i = int(np.argmax(np.where(ints > floor, ints - sizes, -np.inf)))
-        ints[i] -= 1
-        short += 1
-    while (over > 0).any():  # rounding pushed someone past a cap by one: move it to the most room
-        i = int(np.argmax(over))
-        j = int(np.argmax(np.where(ints < caps, caps - ints, -1)))
-        ints[i] -= 1
-        ints[j] += 1
-        over = ints - caps
-    return ints.astype(np.int64)
+
+def predicted_times(sizes, fixed, per_sample) -> np.ndarray:
+    return np.asarray(fixed, dtype=float) + np.asarray(per_sample, dtype=float) * np.asarray(sizes, dtype=float)
+
+
+def spread(times, samples=None) -> float:
+    """max / min of per-worker compute times over the workers that had samples (1 = together)."""
+    t = np.asarray(times, dtype=float)
+    if samples is not None:
+        t = t[np.asarray(samples) > 0]
+    t = t[np.isfinite(t) & (t > 0)]
+    return float(t.max() / t.min()) if len(t) else float("nan")
+
+
+def median_spread(spreads, skip: int) -> float:
+    """Median of per-step spreads after the first `skip` steps (all of them if there are
+    no more), ignoring steps where no spread could be measured."""
+    s = np.asarray(list(spreads)[skip:] if len(spreads) > skip else list(spreads), dtype=float)
+    s = s[np.isfinite(s)]
+    return float(np.median(s)) if len(s) else float("nan")
+
+
+# ---- the per-job balancer ---------------------------------------------------------------
+
+Gather = Callable[[np.ndarray], Callable[[], np.ndarray]]
+
+
+def worker_gather(ctx, what: str) -> Gather:
+    """All-gather one float64 row per worker over the worker group (rows, never pickles).
+
+    `gather(row)` starts the exchange and returns `wait()`, which gives the (workers x
+    len(row)) array: the exchange can run in gloo's background threads while this worker
+    computes its next step."""
+
+    def gather(row: np.ndarray) -> Callable[[], np.ndarray]:
+        t = torch.as_tensor(np.asarray(row, dtype=np.float64))
+        if not (ctx.distributed and ctx.num_workers > 1):
+            mine = t.numpy()[None, :]
+            return lambda: mine
+        out = [torch.zeros_like(t) for _ in range(ctx.num_workers)]
+        try:
+            work = dist.all_gather(out, t, group=ctx.worker_group, async_op=True)
+        except RuntimeError as err:
+            raise ctx.peer_error(what, [], err) from None
+
+        def wait() -> np.ndarray:
+            try:
+                work.wait()
+            except RuntimeError as err:
+                raise ctx.peer_error(what, [], err) from None
+            return torch.stack(out).numpy()
+
+        return wait
+
+    return gather
+
+
+@dataclass(frozen=True)
+class WorkerDevice:
+    """What each worker reported at start: its memory limit and device (for summaries)."""
+
+    memory: float
+    source: str
+    cuda: bool
+    index: int
+    threads: int
+
+    def label(self) -> str:
+        return f"cuda:{self.index}" if self.cuda else f"cpu/{self.threads}t"
 
 
 class Balancer:
     """Per-job balancer: `sizes` is this step's batch size for every worker.
 
     Call `record(samples, seconds)` after each step's compute and `update()` once per
-    step (every worker, same step): speeds are exchanged and shares recomputed.
+    step (every worker, same step): the step-time fits are exchanged (one all-gather,
+    which can carry extra per-step numbers for metrics) and the shares recomputed.
+
+    Construction is a collective too: every worker measures its device's free memory
+    (unless the cluster file overrides it) and the limits are exchanged, so all workers
+    know every cap; a worker whose device cannot hold the smallest share stops the job
+    on every rank with the same message before training starts.
     """
 
-    def __init__(self, ctx, global_batch: int, cfg: BalanceConfig | None = None, memory: list[float] | None = None):
+    def __init__(self, ctx, global_batch: int, cfg: BalanceConfig | None = None, memory: list[float] | None = None,
+                 device: torch.device | None = None, caps=None, gather: Gather | None = None,
+                 num_workers: int | None = None, labels: list[str] | None = None, lockstep: bool = True):
         self.ctx = ctx
+        self.lockstep = lockstep  # False (async training): no per-step exchange, shares stay as they are
         self.cfg = cfg or BalanceConfig()
-        self.n = ctx.num_workers
-        self.global_batch = global_batch
-        if memory is None:
-            memory = [p.machine.device.memory for p in ctx.topology.workers] if ctx.topology else [float("inf")]
-        self.labels = ctx.topology.worker_labels if ctx.topology else ["w0"]
-        self.caps = memory_caps(memory, self.cfg)
-        self._mine: deque = deque(maxlen=self.cfg.window)
-        self.speeds = np.zeros(self.n)  # last agreed samples/s per worker (0 = not measured yet)
+        self.n = num_workers or ctx.num_workers
+        self.global_batch = int(global_batch)
+        if global_batch < 1:
+            raise UserError(f"global_batch must be >= 1 sample, got {global_batch}")
+        self._gather = gather or worker_gather(ctx, "exchanging measured step times")
+        topo = ctx.topology if ctx is not None else None
+        self.labels = labels or (list(topo.worker_labels) if topo else [f"w{i}" for i in range(self.n)])
+        self.device = device or torch.device("cpu")
+        self.devices = self._exchange_devices(memory)
+        mem_caps = memory_caps([d.memory for d in self.devices], self.cfg, self.global_batch)
+        self._check_smallest_share(mem_caps)
+        if caps is not None:  # the user's own limits, on top of what memory allows
+            if len(caps) != self.n or any(int(c) < 0 for c in caps):
+                raise UserError(f"max_samples needs one limit >= 0 per worker ({self.n}), got {list(caps)}")
+            mem_caps = np.minimum(mem_caps, np.asarray(caps, dtype=np.int64))
+        self.caps = np.minimum(mem_caps, self.global_batch)
+        self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
+        self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
+        self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
+        self.rows_step = 0  # the update (1-based step) those numbers belong to
+        self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
         self.step = 0
-        self.sizes = balanced_sizes(global_batch, np.ones(self.n), self.caps, self.cfg.min_samples, self.labels,
-                                    self.cfg.memory_per_sample)
+        self.sizes = self.shares_for(self.global_batch)
         self.history: list[np.ndarray] = [self.sizes.copy()]
 
+    # -- start: memory and devices
+    def _my_memory(self, override: list[float] | None) -> MemoryLimit:
+        if override is not None:
+            return MemoryLimit(float(override[self._rank()]), "cluster file", "given")
+        topo = self.ctx.topology if self.ctx is not None else None
+        if topo is not None:
+            spec = topo.proc(self.ctx.rank).machine.device
+            if spec is not None and spec.memory is not None:
+                return MemoryLimit(float(spec.memory), "cluster file", "device.memory in the cluster file")
+        if self.cfg.memory_per_sample <= 0:  # nothing to cap: skip the measurement
+            return MemoryLimit(float("inf"), "unknown", "no per-sample memory given")
+        lim = memory_limit(self.device)
+        if self.device.type != "cuda" and topo is not None:
+            # CPU workers on one host share its RAM (and cgroup): split it evenly among them
+            me = topo.proc(self.ctx.rank).machine
+            peers = [p for p in topo.workers if p.machine.node == me.node and p.machine.address == me.address
+                     and worker_device(p).type == "cpu"]
+            if len(peers) > 1:
+                return MemoryLimit(lim.bytes / len(peers), lim.source, f"{lim.detail}, split over {len(peers)} "
+                                   "CPU workers on this host")
+        return lim
+
+    def _rank(self) -> int:
+        return self.ctx.rank if (self.ctx is not None and self.ctx.distributed) else 0
+
+    def _exchange_devices(self, override) -> list[WorkerDevice]:
+        lim = self._my_memory(override)
+        row = np.array([lim.bytes, SOURCES.index(lim.source), float(self.device.type == "cuda"),
+                        float(self.device.index or 0), float(torch.get_num_threads())])
+        self.memory_detail = lim.detail
+        rows = self._gather(row)()
+        return [WorkerDevice(float(r[0]), SOURCES[int(r[1])], bool(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+    def _check_smallest_share(self, caps) -> None:
+        if self.cfg.memory_per_sample <= 0 or self.cfg.min_samples == 0:
+            return
+        want = min(self.cfg.min_samples, max(1, self.global_batch // self.n))
+        for lab, dev, cap in zip(self.labels, self.devices, caps):
+            if cap >= want:
+                continue
+            need = self.cfg.reserved_bytes + want * self.cfg.memory_per_sample
+            what = "GPU" if dev.cuda else "CPU"
+            how = ("free memory on that GPU (other processes hold it: see nvidia-smi), " if dev.cuda else "")
+            raise DeviceMemoryTooSmallError(
+                f"worker {lab} ({dev.label()}): its {what} has {dev.memory / 2**20:.1f} MiB free ({dev.source}) but "
+                f"its smallest share of {want} sample(s) needs {need / 2**20:.1f} MiB (model state "
+                f"{self.cfg.reserved_bytes / 2**20:.1f} MiB + {self.cfg.memory_per_sample / 2**20:.3f} MiB per sample). "
+                f"Make room: {how}use a smaller model, set min_samples=0 to let it sit out, or remove the worker "
+                "from the cluster file (a `memory:` override there only changes what hetrain believes).")
+
+    # -- per step
     def record(self, samples: int, seconds: float) -> None:
         """This worker's compute for the step just done."""
-        if samples > 0 and seconds > 0:
-            self._mine.append(samples / seconds)
+        self.model.add(samples, seconds)
 
-    def my_speed(self) -> float:
-        return float(np.median(self._mine)) if self._mine else 0.0
+    def shares_for(self, total: int) -> np.ndarray:
+        """Shares of `total` samples (the global batch, or an epoch's last partial batch)
+        from the agreed fits; equal (capped) before any measurement. No collective."""
+        fits = self.fits
+        known = np.isfinite(fits[:, 1])
+        if self.cfg.policy == "equal" or not known.any():
+            fixed, per = np.zeros(self.n), np.ones(self.n)
+        else:
+            fixed = np.where(known, fits[:, 0], np.mean(fits[known, 0]))
+            per = np.where(known, fits[:, 1], np.mean(fits[known, 1]))
+        caps = np.minimum(self.caps, total)
+        return solve_shares(int(total), fixed, per, caps, self.cfg.min_samples, self.labels,
+                            self.cfg.memory_per_sample)
 
-    def update(self) -> np.ndarray:
-        """Exchange speeds and recompute the shares (a collective over the workers)."""
+    def update(self, extra=()) -> np.ndarray:
+        """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
+        collective over the workers, every step.
+
+        With `overlap_exchange` (default) the exchange started here completes during the
+        next step, and the shares computed now use the exchange of the step before: no
+        worker waits for the others here, at the cost of shares one step older. `rows`
+        then holds the extra numbers of that earlier step (`rows_step` says which), or
+        None when no exchange has completed yet."""
         self.step += 1
-        if self.step % self.cfg.every:
+        fixed, per = self.model.fit()
+        row = np.array([fixed, per, *extra], dtype=np.float64)
+        if not self.lockstep:
+            self.rows, self.rows_step = row[None, 2:], self.step
             self.history.append(self.sizes.copy())
             return self.sizes
-        mine = torch.tensor([self.my_speed()], dtype=torch.float64)
-        if self.ctx.distributed and self.n > 1:
-            out = [torch.zeros(1, dtype=torch.float64) for _ in range(self.n)]
-            try:
-                dist.all_gather(out, mine, group=self.ctx.worker_group)
-            except RuntimeError as err:
-                raise self.ctx.peer_error("exchanging measured speeds", [], err) from None
-            speeds = torch.cat(out).numpy()
-        else:
-            speeds = mine.numpy()
-        # a worker not measured yet (e.g. an empty batch) counts at the mean measured speed
-        known = speeds > 0
-        if known.any():
-            speeds = np.where(known, speeds, speeds[known].mean())
-            self.speeds = speeds
-            self.sizes = balanced_sizes(self.global_batch, speeds, self.caps, self.cfg.min_samples, self.labels,
-                                        self.cfg.memory_per_sample)
+        wait = self._gather(row)
+        step = self.step
+        if self.cfg.overlap_exchange:
+            (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
+        self.rows = None
+        if wait is not None:
+            self._apply(wait(), step)
         self.history.append(self.sizes.copy())
         return self.sizes
 
+    def flush(self) -> np.ndarray | None:
+        """Complete the exchange still in flight (end of an epoch) and apply it; returns
+        its extra numbers (None if there was none). A collective like `update`."""
+        self.rows = None
+        if self._pending is not None:
+            (wait, step), self._pending = self._pending, None
+            self._apply(wait(), step)
+            self.history[-1] = self.sizes.copy()
+        return self.rows
 
-def estimate_memory_per_sample(model: torch.nn.Module, example: torch.Tensor) -> float:
+    def _apply(self, rows: np.ndarray, step: int) -> None:
+        self.rows, self.rows_step = rows[:, 2:], step
+        if step % self.cfg.every == 0:
+            self.fits = rows[:, :2].copy()
+            self.sizes = self.shares_for(self.global_batch)
+
+    def predicted(self, sizes=None) -> np.ndarray:
+        """Predicted compute seconds per worker for `sizes` (default: this step's)."""
+        sizes = self.sizes if sizes is None else sizes
+        return predicted_times(sizes, self.fits[:, 0], self.fits[:, 1])
+
+
+def estimate_memory_per_sample(model: torch.nn.Module, example) -> float:
     """Bytes of activations one sample produces in a forward pass (×2: their gradients),
     measured with forward hooks on the leaf modules for a batch of one."""
     total = [0]
 
     def hook(_m, _inp, out):
-        if isinstance(out, torch.Tensor):
-            total[0] += out.numel() * out.element_size()
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                total[0] += o.numel() * o.element_size()
 
     leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_hook(hook) for m in leaves]
+    inputs = example if isinstance(example, (tuple, list)) else (example,)
+    inputs = tuple(x[:1] for x in inputs)
     try:
         with torch.no_grad():
-            model(example[:1])
+            model(*inputs)
     finally:
         for h in handles:
             h.remove()
-    return 2.0 * (total[0] + example[:1].numel() * example.element_size())
+    return 2.0 * (total[0] + sum(x.numel() * x.element_size() for x in inputs))

@@ -8,11 +8,31 @@ from pathlib import Path
 from ..errors import UserError
 
 
+_RANK_KEYS = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
+
+
 def load_steps(run_dir: Path) -> list[dict]:
     path = run_dir / "steps.jsonl"
     if not path.is_file():
         raise UserError(f"{path} does not exist: run a job that logs steps (e.g. `hetrain demo --run-dir {run_dir}`)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path} line {n} is not valid JSON ({err.msg}); was the file cut short? "
+                            "remove that line or re-run the job") from None
+        missing = [k for k in ("step", "ranks") if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise UserError(f"{path} line {n} has no {' or '.join(map(repr, missing))}: it is not a step record "
+                            "written by hetrain.train.metrics.StepLogger")
+        bad = [f"{lab}.{k}" for lab, r in row["ranks"].items() for k in _RANK_KEYS if k not in r] \
+            if isinstance(row["ranks"], dict) else ["ranks"]
+        if bad:
+            raise UserError(f"{path} line {n}: missing {', '.join(bad)} in the step record")
+        rows.append(row)
     if not rows:
         raise UserError(f"{path} is empty: the run logged no steps")
     return rows

@@ -1,19 +1,23 @@
 """Elastic training state, in the shape Horovod Elastic users know.
 
-    state = hetrain.elastic.State(model=model, optimizer=opt, sampler=sampler, epoch=0)
+    loader = hetrain.BalancedLoader(dataset, global_batch=256, optimizer=opt, model=model)
+    state = hetrain.elastic.State(model=model, optimizer=opt, loader=loader)
 
     @hetrain.elastic.run
     def train(state):
-        for epoch in state.sampler.epochs(EPOCHS):
-            for step in state.sampler.steps():
-                if step % 5 == 0:
-                    state.commit()          # at the top of a step: the position is the step not run yet
-                ...                         # forward, backward, opt.step()
+        for epoch in loader.epochs(EPOCHS):     # from the committed position on
+            for x, y in loader:
+                ...                             # forward, backward, opt.step()
+                if loader.step % 5 == 0:
+                    state.commit()              # after opt.step(): the position is past this step
 
     train(state)
 
+(With a `GlobalBatchSampler` instead of the loader: `for epoch in sampler.epochs(N):
+for step in sampler.steps():`, committing at the top of a step, before its update.)
+
 `State` holds objects with `state_dict()`/`load_state_dict()` (model, optimizer,
-sampler...) and plain values (numbers, strings, lists and dicts of them), each an
+loader or sampler...) and plain values (numbers, strings, lists and dicts of them), each an
 attribute (`state.epoch`). `commit()` snapshots them all, in memory and on disk:
 the first `replicas` workers each write the commit atomically, with a digest, into
 their own machine's folder (`<run_dir>/elastic/<machine>/`), so a damaged file or a
@@ -291,9 +295,9 @@ class State:
             object.__setattr__(self, "restored_from", seq)
             if self._rank == 0:
                 where = ""
-                sampler = self._objects.get("sampler")
-                if sampler is not None and hasattr(sampler, "epoch"):
-                    where = f" (epoch {sampler.epoch}, step {sampler.step})"
+                pos = next((o for o in self._objects.values() if hasattr(o, "epoch") and hasattr(o, "step")), None)
+                if pos is not None:  # a sampler or a BalancedLoader: the data position
+                    where = f" (epoch {pos.epoch}, step {pos.step})"
                 print(f"hetrain.elastic: round {self.round} resumed from commit {seq}{where} on "
                       f"{self._nworkers} worker(s)", flush=True)
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .balance import median_spread, spread
+
 ROW = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
 
 
@@ -34,6 +36,7 @@ class StepLogger:
             self._fh = self.path.open("w")
         self._last = {"comm_s": 0.0, "wait_s": 0.0, "hidden_s": 0.0, "bytes": 0}
         self.totals = {k: [0.0] * len(self.labels) for k in ROW}
+        self.spreads: list[float] = []  # per step: max/min compute time over the workers with samples
 
     def log(self, step: int, samples: int, compute_s: float, engine_stats) -> None:
         """Record this worker's step (a collective over the workers: call on all, every step)."""
@@ -51,13 +54,20 @@ class StepLogger:
                 raise self.ctx.peer_error("gathering step metrics", [], err) from None
         else:
             rows = [t]
-        table = [dict(zip(ROW, r.tolist())) for r in rows]
+        self.write(step, [dict(zip(ROW, r.tolist())) for r in rows])
+
+    def write(self, step: int, table: list[dict[str, float]]) -> None:
+        """Record one step's rows, already gathered (every worker calls it; rank 0 writes).
+        `BalancedLoader(logger=...)` calls this with the rows it gathers anyway."""
         for i, r in enumerate(table):
             for k in ROW:
                 self.totals[k][i] += r[k]
+        s = spread([r["compute_s"] for r in table], [r["samples"] for r in table])
+        self.spreads.append(s)
         if self._fh is None:
             return
-        self._fh.write(json.dumps({"step": step, "ranks": dict(zip(self.labels, table))}) + "\n")
+        self._fh.write(json.dumps({"step": step, "compute_spread": s if s == s else None,
+                                   "ranks": dict(zip(self.labels, table))}) + "\n")
         self._fh.flush()
         if self.writer is not None:
             total = sum(r["samples"] for r in table) or 1
@@ -66,6 +76,13 @@ class StepLogger:
                 for k in ("compute_s", "comm_s", "wait_s", "hidden_s"):
                     self.writer.add_scalar(f"time_{k[:-2]}/{lab}", r[k], step)
                 self.writer.add_scalar(f"bytes/{lab}", r["bytes"], step)
+            if s == s:
+                self.writer.add_scalar("balance/compute_spread", s, step)
+
+    def spread_median(self, skip: int = 16) -> float:
+        """Median over steps (after the first `skip`, while the fits settle) of the compute
+        spread: the slowest worker's compute per step over the fastest's."""
+        return median_spread(self.spreads, skip)
 
     def summary(self) -> str:
         """Totals per rank (printed at the end of a run by rank 0)."""
@@ -76,6 +93,9 @@ class StepLogger:
             g = {k: self.totals[k][i] for k in ROW}
             lines.append(f"{lab:<8}{g['samples'] / tot:>7.3f}{g['compute_s']:>11.2f}{g['comm_s']:>8.2f}"
                          f"{g['wait_s']:>8.2f}{g['hidden_s']:>10.2f}{g['bytes'] / 1e6:>9.2f}")
+        if len(self.labels) > 1 and self.spreads:
+            lines.append(f"compute spread per step (slowest / fastest worker, median after step 16): "
+                         f"{self.spread_median():.3f}")
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -64,3 +64,18 @@ def test_generated_data_is_skewed_deterministic_and_learnable():
     assert 0.1 < label.mean() < 0.6
     assert 0.75 < d.ceiling_auc < 0.99   # the hidden model is far from random
     assert auc([0.1, 0.2, 0.3, 0.4], [0, 0, 1, 1]) == 1.0
+
+
+def test_each_first_stage_replica_reads_one_contiguous_block():
+    from hetrain.pipeline.data import micro_batch_offsets
+
+    sizes = [32, 32, 32, 31, 31, 31, 31, 31]  # 251 samples in 8 micro-batches
+    for k in (1, 2, 4):
+        off = micro_batch_offsets(sizes, k)
+        spans = sorted((off[i], off[i] + sizes[i]) for i in range(8))
+        assert spans[0][0] == 0 and spans[-1][1] == 251
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # every sample once
+        for r in range(k):
+            mine = sorted((off[i], off[i] + sizes[i]) for i in range(8) if i % k == r)
+            assert all(a[1] == b[0] for a, b in zip(mine, mine[1:]))  # replica r: one block
+    assert micro_batch_offsets(sizes, 1) == [0, 32, 64, 96, 127, 158, 189, 220]

@@ -1,5 +1,7 @@
 """A lost stage process stops the job with an error that names it; `--resume` restarts
-from the last complete checkpoint and ends where an uninterrupted run ends."""
+from the last complete checkpoint and ends where an uninterrupted run ends. The lost
+process is a replica of a stage whose replicas average dense gradients with push_pull
+on their stage's group (interaction + first top layer, fan-out 1->2 and fan-in 2->1)."""
 import torch
 from torch.testing import assert_close
 
@@ -12,7 +14,7 @@ ARGS = ("--steps", "5", "--micro-batches", "8", "--optimizer", "sgd", "--lr", "0
 
 
 def test_lost_stage_process_is_named_and_resume_restores(tmp_path):
-    plan = make_plan()
+    plan = make_plan([((0, 5), "cpu", "cpu", 1), ((5, 12), "gpu-k80", "gpu", 2), ((12, 14), "cpu", "cpu", 1)])
     # rank 1 = stage 1 replica 0 (machine s1r0) dies after finishing step 2
     rc, out, run = train(tmp_path, plan, *ARGS, "--fail-at", "1:2")
     assert rc != 0, out

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from hetrain.errors import UserError
 from hetrain.pipeline.sparse_ps import ShardLayout, ShardState, SparseOptim, shards_needed
 
 
@@ -33,7 +34,7 @@ def test_tables_larger_than_the_memory_cap_are_split():
     lay = ShardLayout([rows], n)
     assert max(lay.rows_on(j) for j in range(n)) * dim * 4 * 2 <= need / 3.5
     assert shards_needed(rows, dim, memory_cap=need * 10, requested=2) == 2
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(UserError, match="at least one"):
         shards_needed(rows, dim, 1e9, requested=0)
 
 
@@ -99,5 +100,5 @@ def test_shard_state_checkpoint_round_trip():
     assert torch.equal(t.rows, s.rows) and torch.equal(t.acc, s.acc)
     with pytest.raises(ValueError, match="same plan"):
         ShardState(torch.zeros(5, 2), SparseOptim()).load_state_dict(d)
-    with pytest.raises(ValueError, match="adagrad"):
+    with pytest.raises(UserError, match="adagrad"):
         SparseOptim(kind="adam")

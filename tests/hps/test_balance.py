@@ -22,7 +22,7 @@ def test_memory_cap_water_fills_the_rest():
 
 
 def test_batch_that_does_not_fit_says_by_how_much():
-    caps = memory_caps([1 * 2**20, 2 * 2**20], BalanceConfig(memory_per_sample=2**16))
+    caps = memory_caps([1 * 2**20, 2 * 2**20], BalanceConfig(memory_per_sample=2**16), 64)
     assert list(caps) == [16, 32]
     with pytest.raises(BatchDoesNotFitError, match=r"global batch of 64 samples .* at most 48 samples .*"
                                                    r"w0: 16, w1: 32.* short by 16 samples \(1\.0 MiB\)"):
@@ -31,7 +31,7 @@ def test_batch_that_does_not_fit_says_by_how_much():
 
 def test_config_validation():
     with pytest.raises(Exception, match="window"):
-        BalanceConfig(window=0)
+        BalanceConfig(window=1)
 
 
 @settings(max_examples=60, deadline=None)

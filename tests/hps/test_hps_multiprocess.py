@@ -20,7 +20,9 @@ THREE = {"name": "t", "machines": [
 
 
 @pytest.mark.slow
-def test_balanced_overlapped_update_equals_single_process(launch, tmp_path):
+def test_balanced_loader_overlapped_update_equals_single_process(launch, tmp_path):
+    """BalancedLoader through the launcher: one epoch (a last partial batch included) with
+    shares re-balanced by measured speed gives the single-process update."""
     out = tmp_path / "params"
     # overlap from the optimizer only (servers sum in partition order) and a credit
     # window smaller than the gradient: hooks post late layers first, which must not
@@ -28,13 +30,29 @@ def test_balanced_overlapped_update_equals_single_process(launch, tmp_path):
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--overlap", cluster=THREE,
                         extra=("--partition-bytes", "2048", "--credit-bytes", "4096"))
     assert rc == 0, log
-    ref = single_process()
-    for r in range(3):
-        got = torch.load(out / f"rank{r}.pt")
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    order = runs[0]["order"]
+    ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
+    for r, got in enumerate(runs):
         for name, want in ref.items():
             torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
-    sizes = got["sizes"]
+    sizes = runs[0]["sizes"]
+    # emulated devices, end to end: each process ran at its machine's speed from the cluster
+    # file, and a step of b samples took at least b * cost / speed (the sleep makes up the rest)
+    for r, speed in enumerate([1.0, 0.5, 0.25]):
+        run = torch.load(out / f"rank{r}.pt")
+        samples, speeds, compute_s, sleep_s = run["compute"].T
+        assert torch.all(speeds == speed), (r, speeds)
+        assert torch.all(compute_s >= samples * run["cost"] / speed), (r, run["compute"])
+        # overlap hid communication: every step's partitions were on the wire before step()
+        # was called (hidden > 0), and they stayed in flight through the emulated compute
+        # that follows backward (transfers are posted from the gradient hooks, the device's
+        # sleep comes after), so the hidden time covers most of that sleep
+        hidden = run["hidden_s"]
+        assert len(hidden) == len(samples) and torch.all(hidden > 0), (r, hidden)
+        assert hidden.sum() >= 0.5 * sleep_s.sum() > 0, (r, hidden, sleep_s)
     assert torch.all(sizes.sum(1) == 24)
+    assert all(torch.equal(r["sizes"], sizes) for r in runs)  # every worker agreed on every share
     # after a few measured steps the shares follow speed 1 : 0.5 : 0.25 (ideal 13.7, 6.9, 3.4)
     assert sizes[-1, 0] > sizes[-1, 1] > sizes[-1, 2], sizes
     assert abs(int(sizes[-1, 0]) - 13.7) <= 2, sizes

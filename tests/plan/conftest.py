@@ -26,9 +26,9 @@ def tiny_catalogue_dict():
     return {
         "name": "tiny",
         "types": [
-            {"name": "gpu-a", "kind": "gpu", "price_per_hour": 2.0, "count": 4, "memory": "16GiB",
+            {"name": "gpu-a", "class": "gpu", "price_per_hour": 2.0, "count": 4, "memory": "16GiB",
              "bandwidth": "10gbit", "speed": {"dense": 20, "memory": 8, "sparse": 1}},
-            {"name": "cpu-a", "kind": "cpu", "price_per_hour": 0.5, "count": 16, "memory": "64GiB",
+            {"name": "cpu-a", "class": "cpu", "price_per_hour": 0.5, "count": 16, "memory": "64GiB",
              "bandwidth": "10gbit", "speed": {"dense": 2, "memory": 2, "sparse": 3}},
         ],
     }

@@ -75,3 +75,18 @@ def test_load_plan_rejects_other_json(tmp_path):
     f.write_text(json.dumps({"hello": 1}))
     with pytest.raises(UserError, match="not a hetrain plan"):
         load_plan(f)
+
+
+def test_calibrate_uses_a_measured_gpu_for_a_catalogue_type(files, capsys):
+    prof, cat, tmp = files
+    data = json.loads(prof.read_text())
+    data["devices"] = {"cuda: Test GPU": [1e-6, 1e-6, 1e-6, 1e-6]}
+    prof.write_text(json.dumps(data))
+    out = tmp / "cal.json"
+    rc = main(["plan", "--model", str(prof), "--catalogue", str(cat), "--throughput", "200", "--out", str(out),
+               "--calibrate", "gpu-a", "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "measured on cuda: Test GPU: speed against the profiling host dense" in text
+    rc = main(["plan", "--model", str(prof), "--catalogue", str(cat), "--throughput", "200", "--out", str(out),
+               "--calibrate", "tpu-z", "--no-progress"])
+    assert rc == 2 and "has no type 'tpu-z'" in capsys.readouterr().err

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hetrain.errors import UserError
 from hetrain.perf.pipeline import (CostParams, Workload, evaluate, min_instances, run_cost,
                                    score_assignments, stage_tables, stage_throughput, stages_of)
 
@@ -97,15 +98,15 @@ def test_two_stages_of_one_type_share_its_count():
 
 
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(UserError, match="shape"):
         Workload(compute=np.ones((2, 1)), act_bytes=np.ones(3), dense_param_bytes=np.ones(2),
                  sparse_param_bytes=np.ones(2), price=np.ones(1), count=np.ones(1), memory=np.ones(1),
                  bandwidth=np.ones(1))
-    with pytest.raises(ValueError, match="target"):
+    with pytest.raises(UserError, match="target"):
         stage_tables(one_layer(), 0.0)
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(UserError, match="batch_size"):
         CostParams(batch_size=0)
-    with pytest.raises(ValueError, match="entries"):
+    with pytest.raises(UserError, match="entries"):
         evaluate(one_layer(), [0, 0], 1.0)
 
 

@@ -11,7 +11,7 @@ from hetrain.models.ctr import CTRModel
 from hetrain.plan.catalogue import CatalogueError, gavel_speed_ratios, load_catalogue, parse_catalogue
 from hetrain.plan.profile import ModelProfile, ProfileError, load_or_profile, parse_profile, profile_model
 
-GAVEL = Path(__file__).resolve().parents[3] / "shared" / "data" / "gavel" / "simulation_throughputs.json"
+GAVEL = Path(__file__).resolve().parents[2] / "hetrain" / "data" / "gavel" / "simulation_throughputs.json"
 
 
 def small_ctr():
@@ -86,17 +86,16 @@ def test_malformed_profiles_say_what_is_wrong(tmp_path):
 def test_builtin_catalogues_load():
     for name in ("aws", "gcp"):
         cat = load_catalogue(name)
-        kinds = {t.kind for t in cat.types}
-        assert kinds == {"cpu", "gpu"}
-        assert all(t.price_per_hour > 0 and t.memory > 2**30 for t in cat.types)
+        classes = {k.device_class for k in cat.kinds}
+        assert classes == {"cpu", "gpu"}
+        assert all(k.price_per_hour > 0 and k.memory > 2**30 for k in cat.kinds)
         assert cat.source
 
 
-@pytest.mark.skipif(not GAVEL.is_file(), reason="shared/data/gavel is not beside this checkout")
 def test_catalogue_gpu_speeds_follow_gavel_measurements():
     ratios = gavel_speed_ratios(GAVEL)
     cat = load_catalogue("gcp")
-    k80, p100, v100 = (cat.types[cat.index(n)].speed for n in ("n1-8-k80", "n1-8-p100", "n1-8-v100"))
+    k80, p100, v100 = (cat.kind(n).speed for n in ("n1-8-k80", "n1-8-p100", "n1-8-v100"))
     for kind in ("dense", "memory", "sparse"):
         assert p100.for_kind(kind) / k80.for_kind(kind) == pytest.approx(ratios[kind]["p100"], rel=0.02)
         assert v100.for_kind(kind) / k80.for_kind(kind) == pytest.approx(ratios[kind]["v100"], rel=0.02)
@@ -106,9 +105,9 @@ def test_catalogue_gpu_speeds_follow_gavel_measurements():
     (lambda d: d["types"][0].pop("price_per_hour"), "types.0.price_per_hour: required"),
     (lambda d: d["types"][0].update(price_per_hour=-1), "types.0.price_per_hour"),
     (lambda d: d["types"][1].update(colour="red"), "unknown key 'colour'"),
-    (lambda d: d["types"][1].update(name="gpu-a"), "duplicate resource type names"),
+    (lambda d: d["types"][1].update(name="gpu-a"), r"\['gpu-a'\] listed twice"),
     (lambda d: d["types"][0].update(memory="lots"), "cannot read memory size"),
-    (lambda d: d["types"][0].update(kind="tpu"), "types.0.kind"),
+    (lambda d: d["types"][0].update({"class": "tpu"}), "types.0.class"),
     (lambda d: d.update(types=[]), "types"),
 ])
 def test_malformed_catalogues_say_where(tiny_catalogue_dict, mutate, message):
@@ -132,3 +131,36 @@ def test_zoo_models_run_forward():
         out = m(*m.example_inputs(2))
         assert out.shape[0] == 2 and torch.isfinite(out).all()
     assert len(build_model("transformer200").layer_list()) == 200
+
+
+def test_real_device_times_calibrate_a_catalogue_type(tiny_catalogue_dict):
+    cat = parse_catalogue(tiny_catalogue_dict)
+    layers = [{"name": n, "kind": k, "time_s": t, "act_bytes": 10, "stored_act_bytes": 10,
+               "dense_param_bytes": 0, "sparse_param_bytes": 0}
+              for n, k, t in (("a", "dense", 1e-2), ("b", "dense", 3e-2), ("c", "memory", 2e-3))]
+    prof = parse_profile({"model": "m", "layers": layers, "devices": {"cuda: Test GPU": [1e-4, 1e-4, 1e-4]}})
+    assert prof.calibrated_speed() == pytest.approx({"dense": 4e-2 / 2e-4, "memory": 20.0})
+    w = prof.with_device_as("gpu-a").workload(cat)
+    assert w.compute[:, 0].tolist() == [1e-4, 1e-4, 1e-4]  # the GPU type uses the measured times
+    assert w.compute[0, 1] == pytest.approx(1e-2 / 2)       # the CPU type still uses its speed table
+    with pytest.raises(ProfileError, match="no times measured on 'cuda: other'"):
+        prof.with_device_as("gpu-a", "cuda: other")
+    with pytest.raises(ProfileError, match=r"devices\['x'\] has 1 times"):
+        parse_profile({"model": "m", "layers": layers, "devices": {"x": [1.0]}})
+
+
+def test_cpu_profile_has_no_gpu_times_without_cuda():
+    prof = profile_model(small_ctr(), "ctr-small", batch=8, repeats=1, cuda=False)
+    assert prof.devices == {}
+
+
+@pytest.mark.gpu
+def test_cuda_layer_times_beside_cpu_times():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from hetrain.plan.profile import cuda_device_key
+
+    prof = profile_model(small_ctr(), "ctr-small", batch=64, repeats=2)
+    times = prof.devices[cuda_device_key()]
+    assert len(times) == prof.n_layers and all(t > 0 for t in times)
+    assert set(prof.calibrated_speed()) == {"dense", "sparse", "memory"}

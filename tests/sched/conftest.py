@@ -9,7 +9,7 @@ DATA = default_data_dir()
 @pytest.fixture
 def gavel_dir():
     if not (DATA / "simulation_throughputs.json").is_file():
-        pytest.fail(f"Gavel data not found at {DATA}; set HETRAIN_GAVEL_DATA")
+        pytest.fail(f"Gavel data not found at {DATA}: the package data hetrain/data/gavel is missing")
     return DATA
 
 

@@ -49,9 +49,9 @@ def test_table_curve_interpolates_and_stops_at_first_zero():
 
 def test_cluster_specs():
     c = parse_cluster_spec("v100:8, K80:4")
-    assert c.types == ("v100", "k80") and c.total == 12 and c.largest_pool == 8
+    assert c.names == ("v100", "k80") and c.total == 12 and c.largest_pool == 8
     g = parse_cluster_spec("300:300:300")
-    assert g.types == ("v100", "p100", "k80") and g.total == 900
+    assert g.names == ("v100", "p100", "k80") and g.total == 900
     for bad, msg in [("v100", "TYPE:COUNT"), ("v100:x", "TYPE:COUNT"), ("v100:0", ">= 1"), ("v100:2,v100:3", "twice")]:
         with pytest.raises(ClusterArgError, match=msg):
             parse_cluster_spec(bad)

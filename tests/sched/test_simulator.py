@@ -3,7 +3,7 @@ import pytest
 
 from hetrain.cli import main
 from hetrain.perf.jobs import TableCurve
-from hetrain.sched.cluster import GpuCluster, parse_cluster_spec
+from hetrain.sched.cluster import gpu_pools, parse_cluster_spec
 from hetrain.sched.job import make_job
 from hetrain.sched.patterns import make_pattern
 from hetrain.sched.simulator import simulate
@@ -12,7 +12,7 @@ LIN = TableCurve({"v100": {g: float(g) for g in range(1, 9)}})
 
 
 def test_single_job_runs_at_its_rate():
-    c = GpuCluster(("v100",), (4,))
+    c = gpu_pools(("v100",), (4,))
     r = simulate([make_job(0, "a", 5.0, 100.0, LIN, c, requested=2)], c, "fifo")
     assert r.finish[0] == pytest.approx(5.0 + 50.0) and r.restarts == 0
     r = simulate([make_job(0, "a", 5.0, 100.0, LIN, c, requested=2)], c, "doubling")
@@ -20,7 +20,7 @@ def test_single_job_runs_at_its_rate():
 
 
 def test_restart_cost_is_charged_on_resize():
-    c = GpuCluster(("v100",), (2,))
+    c = gpu_pools(("v100",), (2,))
     jobs = [make_job(0, "a", 0.0, 100.0, LIN, c, max_gpus=2, restart_cost=7.0),
             make_job(1, "b", 10.0, 10.0, LIN, c, max_gpus=2, restart_cost=7.0)]
     r = simulate(jobs, c, "doubling")
@@ -32,7 +32,7 @@ def test_restart_cost_is_charged_on_resize():
     assert r.restarts_per_job.tolist() == [2, 0]
 
 
-@pytest.mark.parametrize("policy", ["fifo", "srtf", "doubling", "optimal"])
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "doubling", "optimal", "adaptive", "gavel"])
 def test_all_jobs_finish_and_metrics_are_sane(gavel_dir, hetero, policy):
     jobs = make_pattern("poisson", 15, hetero, seed=1)
     r = simulate(jobs, hetero, policy)
@@ -68,3 +68,8 @@ def test_cli_bad_cluster_and_policy(capsys):
     assert "TYPE:COUNT" in capsys.readouterr().err
     assert main(["schedule", "simulate", "--pattern", "poisson", "--policy", "nope"]) == 2
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_cli_run_on_ray_needs_an_address(capsys):
+    assert main(["schedule", "run", "--backend", "ray"]) == 2
+    assert "--address" in capsys.readouterr().err

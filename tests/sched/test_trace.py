@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from hetrain.sched.cluster import parse_cluster_spec
@@ -50,3 +52,18 @@ def test_patterns_are_deterministic_and_shaped(gavel_dir, hetero):
     arr = sorted(j.arrival for j in make_pattern("bursts", 40, hetero, seed=1))
     assert len(set(arr)) < 40  # jobs share arrival instants
     assert all(j.requested <= hetero.largest_pool for j in a)
+
+
+def test_shipped_data_is_inside_the_package(hetero, monkeypatch):
+    """The throughputs and the benchmark's traces ship with the package, nameable by trace id."""
+    from hetrain.sched.gavel import BUNDLED, bundled_traces, default_data_dir
+
+    import hetrain
+    monkeypatch.delenv("HETRAIN_GAVEL_DATA", raising=False)
+    assert BUNDLED.is_relative_to(Path(hetrain.__file__).parent) and default_data_dir() == BUNDLED
+    assert {"23dbec", "51b7ef", "0e4a51", "6214e9"} <= set(bundled_traces())
+    assert (BUNDLED / "LICENSE").read_text().startswith("MIT License")
+    jobs = load_trace("6214e9", hetero, limit=100)
+    assert len(jobs) == 100
+    with pytest.raises(TraceError, match="6214e9"):
+        load_trace("no-such-trace", hetero)

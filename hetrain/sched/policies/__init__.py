@@ -13,11 +13,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...cluster.hardware import Inventory
 from ...errors import UserError
-from ..cluster import GpuCluster
+from ...perf.jobs import completion_time
 from ..job import Alloc, Allocation, Job
 
-Policy = Callable[[Sequence[Job], GpuCluster, Allocation, float], Allocation]
+Policy = Callable[[Sequence[Job], Inventory, Allocation, float], Allocation]
+DEFAULT_POLICY = "adaptive"  # what `hetrain schedule` uses unless told otherwise
 _REGISTRY: dict[str, Policy] = {}
 
 
@@ -43,12 +45,12 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    from . import doubling, fifo, optimal, srtf  # noqa: F401  (modules register themselves)
+    from . import adaptive, doubling, fifo, gavel, optimal, srtf  # noqa: F401  (modules register themselves)
 
 
-def check_allocation(jobs: Sequence[Job], cluster: GpuCluster, alloc: Allocation) -> None:
+def check_allocation(jobs: Sequence[Job], cluster: Inventory, alloc: Allocation) -> None:
     """Raise if an allocation exceeds a pool, breaks a job's bounds or names an unknown job."""
-    used = np.zeros(len(cluster.types), dtype=np.int64)
+    used = np.zeros(len(cluster.names), dtype=np.int64)
     by_id = {j.job_id: j for j in jobs}
     for jid, a in alloc.items():
         job = by_id.get(jid)
@@ -73,13 +75,16 @@ def type_weights(jobs: Sequence[Job], ntypes: int) -> np.ndarray:
     return w
 
 
-def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Allocation
+def admit_at_minimum(jobs: Sequence[Job], cluster: Inventory, allocation: Allocation, order: str = "arrival"
                      ) -> tuple[dict[int, Alloc], np.ndarray]:
     """Give jobs their minimum size on one GPU type each; returns the tentative
     allocation and the free GPUs per type.
 
-    Who is admitted: running jobs first, then waiting jobs in arrival order, until no
-    pool has room for the next one's minimum. Which type (the heterogeneous extension
+    Who is admitted: with order="arrival" (the paper's), running jobs first, then
+    waiting jobs in arrival order; with order="srpt", every job by its estimated
+    remaining time at its minimum size on its best type (restart charged; a running job
+    may keep its current allocation instead), shortest first; in both, until no pool has
+    room for the next one's minimum. Which type (the heterogeneous extension
     of the seed's heuristic): admitted jobs pick their type in order of *regret*, the
     seconds they would lose on their worst usable type versus their best, so jobs that
     gain most from fast GPUs (long jobs, jobs that run well on V100s) get them first.
@@ -89,8 +94,9 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     Estimates charge the restart cost when the type or size differs from the current one.
     """
     free = cluster.capacity.copy()
-    ntypes = len(cluster.types)
+    ntypes = len(cluster.names)
     caps = list(cluster.counts)
+    by = order
     running = sorted((j for j in jobs if j.job_id in allocation), key=lambda j: (j.arrival, j.job_id))
     waiting = sorted((j for j in jobs if j.job_id not in allocation), key=lambda j: (j.arrival, j.job_id))
     order = running + waiting
@@ -116,6 +122,15 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
         if a is not None:
             cur_t[i], cur_n[i] = a.type, a.n
     ks = np.arange(width)
+    if by == "srpt":  # shortest estimated remaining time at the minimum size first (restart charged)
+        at_min = rates[np.arange(nj), :, np.minimum(mins, width - 1)]
+        key = completion_time(rem[:, None], at_min, penalty[:, None]).min(axis=1)
+        running_now = cur_t >= 0
+        key[running_now] = np.minimum(key[running_now], completion_time(
+            rem[running_now], rates[np.flatnonzero(running_now), cur_t[running_now], cur_n[running_now]]))
+        perm = np.lexsort((np.array([j.job_id for j in order]), np.array([j.arrival for j in order]), key))
+        order = [order[i] for i in perm]
+        rates, mins, rem, penalty, cur_t, cur_n = (x[perm] for x in (rates, mins, rem, penalty, cur_t, cur_n))
     usable = (rates > 0) & (ks[None, None, :] >= mins[:, None, None])
     feas = np.maximum.accumulate(np.where(usable, ks[None, None, :], 0), axis=2)
     count_free = list(caps)
@@ -134,10 +149,8 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: GpuCluster, allocation: Alloc
     if ntypes == 1:
         return {order[i].job_id: Alloc(0, int(mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
     adm = np.array(admitted, dtype=np.int64)
-    with np.errstate(divide="ignore"):
-        cost = np.where(rates[adm] > 0, rem[adm, None, None] / np.where(rates[adm] > 0, rates[adm], 1.0), np.inf)
     same = (ks[None, None, :] == cur_n[adm, None, None]) & (np.arange(ntypes)[None, :, None] == cur_t[adm, None, None])
-    cost = cost + np.where(same, 0.0, penalty[adm, None, None])
+    cost = completion_time(rem[adm, None, None], rates[adm], np.where(same, 0.0, penalty[adm, None, None]))
     f = feas[adm]
     # judge each type at the size a job could expect there: its fair share of the cluster
     fair = max(1, cluster.total // max(1, len(adm)))

@@ -1,4 +1,5 @@
-"""The doubling heuristic (seed 001), extended to several GPU types.
+"""The paper's doubling heuristic, extended to several GPU types (hetrain's default,
+`adaptive`, builds on its growth step).
 
 1. Admission: every job gets its minimum size (running jobs first, keeping their type;
    then waiting jobs in arrival order), each new job on the type it is relatively best
@@ -51,11 +52,18 @@ def _move(job, a, free_t, current, top_up):
     return best
 
 
-def plan(jobs, cluster, allocation, now, top_up=True):
-    tent, free = admit_at_minimum(jobs, cluster, allocation)
-    by_id = {j.job_id: j for j in jobs}
+def plan(jobs, cluster, allocation, now, top_up=True, order="arrival"):
+    tent, free = admit_at_minimum(jobs, cluster, allocation, order=order)
+    return grow({j.job_id: j for j in jobs}, tent, free, allocation, top_up)
+
+
+def grow(by_id, tent, free, allocation, top_up=True, types=None):
+    """Doubling growth of a tentative allocation (`tent` and `free` are updated in place);
+    with `types`, only jobs on those GPU types are considered (the pools that gained GPUs)."""
     heap = []
     for jid, a in tent.items():
+        if free[a.type] <= 0 or (types is not None and a.type not in types):
+            continue  # nothing to grow into
         mv = _move(by_id[jid], a, free[a.type], allocation.get(jid), top_up)
         if mv:
             heap.append((-mv[0], jid, mv[1]))
@@ -85,5 +93,6 @@ def doubling(jobs, cluster, allocation, now):
 
 @register("doubling-strict")
 def doubling_strict(jobs, cluster, allocation, now):
-    """The seed's rule exactly: sizes only double (GPUs a doubling cannot use stay idle)."""
+    """The paper's rule exactly: sizes only double (GPUs a doubling cannot use stay idle)."""
     return plan(jobs, cluster, allocation, now, top_up=False)
+

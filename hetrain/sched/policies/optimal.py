@@ -30,10 +30,10 @@ def _options(job, cluster, current):
     return opts
 
 
-def solve_milp(jobs, cluster, allocation):
+def solve_milp(jobs, cluster, allocation, order="arrival"):
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    tent, _ = admit_at_minimum(jobs, cluster, allocation)
+    tent, _ = admit_at_minimum(jobs, cluster, allocation, order=order)
     if len(tent) > MAX_JOBS:
         raise UserError(f"policy optimal solves the integer program exactly and handles at most {MAX_JOBS} "
                         f"running jobs ({len(tent)} here); use doubling for large instances")
@@ -46,7 +46,7 @@ def solve_milp(jobs, cluster, allocation):
             var_job.append(k)
             var_alloc.append(a)
             cost.append(c)
-    nv, nj, nt = len(cost), len(admitted), len(cluster.types)
+    nv, nj, nt = len(cost), len(admitted), len(cluster.names)
     cost = np.array(cost)
     one = np.zeros((nj, nv))
     one[var_job, np.arange(nv)] = 1.0
@@ -71,7 +71,7 @@ def exhaustive(jobs, cluster, allocation):
     choices = [_options(j, cluster, allocation.get(j.job_id)) for j in admitted]
     best, best_cost = {}, float("inf")
     for combo in itertools.product(*choices):
-        used = np.zeros(len(cluster.types), dtype=np.int64)
+        used = np.zeros(len(cluster.names), dtype=np.int64)
         for a, _ in combo:
             used[a.type] += a.n
         if np.any(used > cluster.capacity):
@@ -92,3 +92,10 @@ def objective(jobs, allocation_now, plan):
 @register("optimal")
 def optimal(jobs, cluster, allocation, now):
     return solve_milp(jobs, cluster, allocation)
+
+
+@register("optimal-srpt")
+def optimal_srpt(jobs, cluster, allocation, now):
+    """The same integer program over the jobs `adaptive` admits (SRPT order): the
+    per-decision optimum that hetrain's default policy approximates."""
+    return solve_milp(jobs, cluster, allocation, order="srpt")

@@ -4,6 +4,7 @@ their remaining time at that size on their fastest type; a job that does not fit
 skipped, so smaller ones behind it can run. Running jobs keep their type when it has room."""
 from __future__ import annotations
 
+from ...perf.jobs import completion_time
 from ..job import Alloc
 from . import register
 
@@ -14,8 +15,8 @@ def srtf(jobs, cluster, allocation, now):
 
     def key(job):
         n = job.requested
-        best = max(job.rates[t, job.feasible_n(t, n)] for t in range(len(cluster.types)))
-        return (job.remaining / best if best > 0 else float("inf"), job.arrival, job.job_id)
+        best = max(job.rates[t, job.feasible_n(t, n)] for t in range(len(cluster.names)))
+        return (completion_time(job.remaining, best), job.arrival, job.job_id)
 
     out = {}
     for job in sorted(jobs, key=key):

@@ -1,5 +1,6 @@
-"""Train the reference model with *measured, re-balanced* shares on emulated devices of
-different speeds and with overlapped push_pull; save parameters and the shares used."""
+"""Train the reference model for one epoch through `BalancedLoader`: measured,
+re-balanced shares on emulated devices of different speeds, overlapped push_pull; save
+the parameters and the shares used."""
 import sys
 from pathlib import Path
 
@@ -9,37 +10,35 @@ import torch.nn.functional as F
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
-from hetrain.train.balance import Balancer
-from hetrain.train.sampler import GlobalBatchSampler
+from hetrain.train.loader import BalancedLoader
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
-from reference import GLOBAL_BATCH, STEPS, data, global_batch, make_model  # noqa: E402
+from reference import GLOBAL_BATCH, data, make_model  # noqa: E402
 
 out = Path(sys.argv[1])
 overlap = "--overlap" in sys.argv
 ctx = hetrain.init()
-rank, n = hetrain.rank(), hetrain.size()
+rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine
-# calibrated device model (stable timing on a shared 2-core host): 2 ms per sample at speed 1
-device = EmulatedDevice(machine.device, machine.name, cost_per_sample=0.002)
-x, y = data()
+# calibrated device model (stable timing on a shared 2-core host): 10 ms per sample at speed 1
+COST = 0.01
+device = EmulatedDevice(machine.device, machine.name, cost_per_sample=COST)
 model = make_model()
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
-balancer = Balancer(ctx, GLOBAL_BATCH)
-sampler = GlobalBatchSampler(200, GLOBAL_BATCH, n)
-for step in range(STEPS):
-    idx = global_batch(step)  # the reference's global batches, cut by the balancer's shares
-    mine = torch.from_numpy(sampler.split(idx.numpy(), balancer.sizes)[rank])
+loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7)
+compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
+for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.zero_grad()
-    opt.set_batch_size(len(mine))
-    with device.compute(len(mine)):
-        F.cross_entropy(model(x[mine]), y[mine]).backward()
+    with device.compute(len(x)):
+        F.cross_entropy(model(x), y).backward()
+    compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
     opt.step()
-    balancer.record(len(mine), device.last_s)
-    balancer.update()
+loader.finish()
 out.mkdir(parents=True, exist_ok=True)
 torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
-            "sizes": torch.from_numpy(np.stack(balancer.history)),
-            "hidden_s": torch.tensor(hetrain.engine().stats.hidden_s)}, out / f"rank{rank}.pt")
+            "sizes": torch.from_numpy(np.stack(loader.balancer.history)),
+            "order": torch.from_numpy(loader.batches.sampler.order(0)),
+            "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
+            "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST}, out / f"rank{rank}.pt")
 hetrain.shutdown()

@@ -1,0 +1,91 @@
+"""The workers one push_pull engine serves: the whole job's workers, or a subgroup.
+
+A pipeline stage's replicas average their dense gradients among themselves only; the
+other stages and the sparse-PS shards of the same job never join. Such an engine is
+built on a `Group`: its members' global ranks (in group order: group index i is global
+rank ``ranks[i]``), a gloo process group for host collectives (the step header, the
+manifests, host tensors) and, where every member is a CUDA GPU of its own, an NCCL
+process group for CUDA tensors. The backend is decided once per group, identically on
+every rank, from the cluster file and the flags (`runtime.devices.group_backend`).
+
+torch.distributed requires every rank to create every process group, in the same
+order, member or not; `make_groups` is therefore called by every rank with the same
+rank lists and returns a `Group` for each (holding process groups only where this rank
+is a member). A subgroup engine always all-reduces: summation servers sum for the whole
+job's workers, and a stage's few replicas gain nothing from a server hop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Sequence
+
+import torch.distributed as dist
+
+from ..errors import UserError
+from ..runtime.devices import group_backend, nccl_environment
+
+
+@dataclass(frozen=True)
+class Group:
+    """Members of one engine. `gloo` / `nccl` are None where this rank is not a member
+    (and `nccl` where the group's CUDA collectives go through gloo from pinned buffers)."""
+
+    name: str
+    ranks: tuple[int, ...]
+    gloo: object | None = None
+    nccl: object | None = None
+    member: bool = True
+    whole_job: bool = False  # every worker of the job (the group of a plain PushPull)
+
+    def __post_init__(self) -> None:
+        if not self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise UserError(f"group {self.name!r} needs distinct member ranks, got {list(self.ranks)}")
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def global_rank(self, index: int) -> int:
+        """The job rank of the group's index-th member (all-gathers come in group order)."""
+        return self.ranks[index]
+
+    def describe(self) -> str:
+        return f"{self.name} (ranks {', '.join(map(str, self.ranks))})"
+
+
+def job_group(ctx) -> Group:
+    """Every worker of the job: the group a plain `PushPull(ctx)` all-reduces over."""
+    ranks = tuple(ctx.topology.worker_ranks) if ctx.topology else (0,)
+    return Group("workers", ranks, ctx.worker_group, ctx.nccl_group, whole_job=True)
+
+
+def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) -> list[Group]:
+    """One `Group` per rank list (every rank calls this with the same lists, in the same
+    order). In a one-process job every group is that process alone, with no process
+    groups: an engine on it only applies the batch weighting."""
+    if len(rank_lists) != len(names):
+        raise UserError(f"make_groups: {len(rank_lists)} rank lists but {len(names)} names")
+    out = []
+    for ranks, name in zip(rank_lists, names):
+        ranks = tuple(int(r) for r in ranks)
+        if not ctx.distributed:
+            out.append(Group(name, ranks, member=ctx.rank in ranks))
+            continue
+        bad = [r for r in ranks if not 0 <= r < ctx.world_size]
+        if bad:
+            raise UserError(f"group {name!r} names rank(s) {bad}, but the job has ranks 0..{ctx.world_size - 1}")
+        not_workers = [r for r in ranks if ctx.topology.proc(r).role != "worker"]
+        if not_workers:
+            raise UserError(f"group {name!r} names rank(s) {not_workers}, which are summation servers; a group's "
+                            "members must be workers")
+        backend = group_backend(ctx.topology, ranks, ctx.comm)
+        wait = timedelta(seconds=ctx.comm.timeout_s)
+        gloo = dist.new_group(list(ranks), timeout=wait)
+        nccl = None
+        if backend == "nccl":
+            nccl_environment()
+            nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl")
+        member = ctx.rank in ranks
+        out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
+    return out

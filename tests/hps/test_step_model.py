@@ -1,0 +1,193 @@
+"""The step-time model (fixed + per-sample, fitted online) and the exact share solver."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from hetrain.train.balance import (BalanceConfig, Balancer, BatchDoesNotFitError, DeviceMemoryTooSmallError,
+                                   StepTimeModel, memory_caps, predicted_times, solve_shares, spread)
+
+
+def _milp_optimum(g, fixed, per, lo, caps) -> float:
+    """min T s.t. fixed_i + per_i b_i <= T, sum b = g, lo <= b <= cap, b integer (HiGHS,
+    no optimality gap; times scaled to about 1 so HiGHS's 1e-6 tolerances do not bite)."""
+    scale = 1.0 / max(np.max(per * caps), np.max(fixed), 1e-12)
+    fixed, per = fixed * scale, per * scale
+    n = len(fixed)
+    c = np.zeros(n + 1)
+    c[-1] = 1.0
+    rows = [np.concatenate([np.ones(n), [0.0]])]
+    lb, ub = [g], [g]
+    for i in range(n):
+        r = np.zeros(n + 1)
+        r[i], r[-1] = per[i], -1.0
+        rows.append(r)
+        lb.append(-np.inf)
+        ub.append(-fixed[i])
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lb, ub),
+               integrality=np.concatenate([np.ones(n), [0]]),
+               bounds=Bounds(np.concatenate([lo, [0]]), np.concatenate([caps, [np.inf]])),
+               options={"mip_rel_gap": 0.0})
+    assert res.success, res.message
+    b = np.round(res.x[:n])
+    return float(np.max(fixed + per * b)) / scale
+
+
+@settings(max_examples=80, deadline=None)
+@given(g=st.integers(1, 400), n=st.integers(1, 6), data=st.data())
+def test_shares_sum_respect_caps_and_equalise_predicted_times(g, n, data):
+    fixed = np.array(data.draw(st.lists(st.floats(0, 0.05), min_size=n, max_size=n)))
+    per = np.array(data.draw(st.lists(st.floats(1e-6, 1e-2), min_size=n, max_size=n)))
+    capf = data.draw(st.lists(st.floats(0.0, 2.0), min_size=n, max_size=n))
+    caps = np.array([int(f * g) for f in capf], dtype=np.int64)
+    min_samples = data.draw(st.integers(0, 3))
+    if caps.sum() < g:
+        with pytest.raises(BatchDoesNotFitError, match="does not fit"):
+            solve_shares(g, fixed, per, caps, min_samples)
+        return
+    sizes = solve_shares(g, fixed, per, caps, min_samples)
+    assert sizes.sum() == g
+    assert np.all(sizes >= 0) and np.all(sizes <= caps)
+    lo = np.minimum(caps, min_samples if g >= min_samples * n else 0)
+    assert np.all(sizes >= lo)
+    t = predicted_times(sizes, fixed, per)
+    # every worker below its cap finishes within one of its own samples' time of the
+    # slowest worker the solver gave samples beyond its minimum
+    free = sizes > lo
+    if free.any():
+        top = t[free].max()
+        below = sizes < caps
+        assert np.all(t[below] + per[below] >= top - 1e-9), (sizes, t)
+    # exact: the largest predicted time is the MILP optimum
+    assert t.max() == pytest.approx(_milp_optimum(g, fixed, per, lo, caps), rel=1e-6, abs=1e-9)
+    # deterministic: every worker computes the same answer from the same numbers
+    assert np.array_equal(sizes, solve_shares(g, list(fixed), list(per), caps.copy(), min_samples))
+
+
+def test_gpu_with_fixed_cost_and_fast_cpus():
+    # a GPU worth 100 CPUs per sample but with 10 ms of fixed work per step
+    fixed, per = [0.010, 0.0005, 0.0005], [1e-6, 1e-4, 1e-4]
+    sizes = solve_shares(2048, fixed, per, [10**6] * 3)
+    t = predicted_times(sizes, fixed, per)
+    assert sizes.sum() == 2048 and sizes[0] > sizes[1] == sizes[2] > 0
+    assert t.max() / t.min() < 1.01
+    # proportional shares (speeds at one batch size) would overload the CPUs
+    assert t.max() < predicted_times([2048 * 0.8, 2048 * 0.1, 2048 * 0.1], fixed, per).max()
+
+
+def test_uncapped_worker_does_not_wrap():
+    caps = memory_caps([float("inf"), 2**20, 0.0], BalanceConfig(memory_per_sample=2**14), 100)
+    assert list(caps) == [100, 64, 0]
+    assert list(memory_caps([float("inf")] * 2, BalanceConfig(), 7)) == [7, 7]
+    assert solve_shares(100, [0, 0, 0], [1, 1, 1], caps).sum() == 100
+
+
+def test_model_recovers_fixed_and_per_sample_through_noise_and_outliers():
+    rng = np.random.default_rng(0)
+    m = StepTimeModel(window=16, recent=3)
+    for k in range(40):
+        b = int(rng.integers(20, 80))
+        t = 0.02 + 0.001 * b + rng.normal(0, 3e-4)
+        if k % 7 == 3:
+            t *= 3  # a step disturbed by another process
+        m.add(b, t)
+    fixed, per = m.fit()
+    assert m.how == "regression"
+    assert fixed == pytest.approx(0.02, abs=0.004)
+    assert per == pytest.approx(0.001, rel=0.1)
+
+
+def test_model_falls_back_when_batch_sizes_do_not_vary():
+    m = StepTimeModel(window=8, recent=3)
+    for _ in range(5):
+        m.add(50, 0.07)
+    assert m.fit() == pytest.approx((0.0, 0.0014)) and m.how == "proportional"
+    for b in (20, 40, 60, 80):  # identifies fixed 0.02 s, 1 ms/sample
+        m.add(b, 0.02 + 0.001 * b)
+    assert m.fit() == pytest.approx((0.02, 0.001), abs=1e-9)
+    for _ in range(8):  # balanced: one batch size again; the whole step gets 1.75x slower
+        m.add(60, 1.75 * (0.02 + 0.001 * 60))
+    fixed, per = m.fit()
+    assert m.how == "held"
+    assert fixed / per == pytest.approx(20.0)  # the identified shape is kept ...
+    assert fixed + per * 60 == pytest.approx(0.14)  # ... at the current operating point
+
+
+def test_speed_up_after_a_slowdown_does_not_overshoot():
+    m = StepTimeModel(window=16, recent=3)
+    for b in (40, 20, 60, 30, 50):
+        m.add(b, 4 * (0.02 + 0.001 * b))  # slow: everything 4x
+    for _ in range(3):
+        m.add(10, 0.02 + 0.001 * 10)  # back to full speed at a small share
+    fixed, per = m.fit()
+    assert fixed + per * 10 == pytest.approx(0.03)  # passes through the operating point
+    # at a larger next share it does not predict the worker faster than it is (which would
+    # hand it too many samples: an overshoot); a held fixed part of the slow regime would
+    # predict 0.039 s here against the true 0.06 s
+    assert 0.06 * 0.95 <= fixed + per * 40 <= 0.06 * 1.5
+
+
+def test_model_follows_a_speed_change_within_two_steps():
+    m = StepTimeModel(window=16, recent=3)
+    for _ in range(6):
+        m.add(40, 0.04)
+    m.add(40, 0.16)
+    assert m.fit()[1] == pytest.approx(0.001)  # one slow step is an outlier
+    m.add(40, 0.16)
+    assert m.fit()[1] == pytest.approx(0.004)
+
+
+def test_spread_ignores_empty_workers():
+    assert spread([0.2, 0.1, 0.0], [5, 3, 0]) == pytest.approx(2.0)
+    assert np.isnan(spread([0.0], [0]))
+
+
+def _fake_gather(*calls):
+    """Single process standing in for worker 0 of a two-worker job whose other worker
+    reports calls[k] at the k-th exchange (the first one: its device and memory)."""
+    seen = []
+
+    def gather(row):
+        other = np.asarray(calls[min(len(seen), len(calls) - 1)], dtype=float)
+        seen.append(row)
+        rows = np.vstack([row, other])
+        return lambda: rows
+    return gather
+
+
+def test_gpu_without_room_for_the_smallest_share_is_a_clear_error():
+    # worker 1 reports a GPU (cuda flag, index 0) with 1 MiB free
+    gpu_row = [2**20, 1, 1.0, 0.0, 1.0]
+    cfg = BalanceConfig(memory_per_sample=2**20, reserved_bytes=2**19)
+    with pytest.raises(DeviceMemoryTooSmallError, match=r"worker g0 \(cuda:0\): its GPU has 1\.0 MiB free \(cuda\).*"
+                                                       r"needs 1\.5 MiB.*nvidia-smi"):
+        Balancer(None, 64, cfg, memory=[2**30, 0], gather=_fake_gather(gpu_row), num_workers=2,
+                 labels=["c0", "g0"])
+    # with room it balances, and the caps come from the reported memory
+    gpu_row[0] = 8 * 2**20
+    b = Balancer(None, 64, cfg, memory=[2**30, 0], gather=_fake_gather(gpu_row), num_workers=2, labels=["c0", "g0"])
+    assert list(b.caps) == [64, 7] and b.devices[1].cuda and b.devices[1].source == "cuda"
+    assert b.sizes.sum() == 64 and b.sizes[1] <= 7
+
+
+def test_balancer_rebalances_from_fits():
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004]), num_workers=2)
+    assert list(b.sizes) == [50, 50]
+    b.record(50, 0.1)  # this worker: 2 ms per sample; the other reports fixed 0, 4 ms per sample
+    b.update()
+    assert list(b.sizes) == [67, 33]
+
+
+def test_overlapped_exchange_applies_one_step_later():
+    b = Balancer(None, 100, BalanceConfig(), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 50]), num_workers=2)
+    b.record(50, 0.1)
+    b.update(extra=(50,))
+    assert list(b.sizes) == [50, 50] and b.rows is None  # the exchange is still in flight
+    b.record(50, 0.1)
+    b.update(extra=(50,))
+    assert list(b.sizes) == [67, 33] and b.rows_step == 1  # step 1's fits, applied at step 2
+    b.record(67, 0.134)
+    b.update(extra=(67,))
+    assert b.flush() is not None and b.rows_step == 3 and b.flush() is None
