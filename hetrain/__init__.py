@@ -9,6 +9,9 @@ Communication API (BytePS/Horovod style)::
     hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
     loader = hetrain.BalancedLoader(dataset, global_batch=256, optimizer=opt, model=model)
     for x, y in loader: ...       # this worker's share, on its device, balanced by measured speed
+
+Elastic training (restart from the last commit, Horovod-style): `hetrain.elastic.State`,
+`@hetrain.elastic.run` (the module `hetrain.train.elastic`).
 """
 from __future__ import annotations
 
@@ -28,7 +31,10 @@ def __getattr__(name: str):
     if name in _TRAIN:
         from .train import loader
         return getattr(loader, name)
+    if name == "elastic":
+        import importlib
+        return importlib.import_module("hetrain.train.elastic")
     raise AttributeError(f"module 'hetrain' has no attribute {name!r}")
 
 
-__all__ = sorted(_API | _TRAIN)
+__all__ = sorted(_API | _TRAIN | {"elastic"})

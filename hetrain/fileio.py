@@ -25,19 +25,42 @@ def read_structured(path: str | Path, what: str, error: type[UserError] = UserEr
     p = Path(path)
     if not p.is_file():
         raise error(f"{what} {p} does not exist")
-    text = p.read_text()
+    text = read_text(p, what, error)
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise error(f"{what} {p} is not valid JSON: {err}") from None
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise error(f"{what} {p} is not valid JSON: {_first_line(err)}") from None
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise error(f"{what} {p} is not valid YAML{where}: {problem}") from None
+    except (yaml.YAMLError, RecursionError, ValueError) as err:
+        # ValueError: YAML scalars the resolver accepts but Python cannot build (e.g. out-of-range dates)
+        why = yaml_problem(err) if isinstance(err, yaml.YAMLError) else f": {_first_line(err)}"
+        raise error(f"{what} {p} is not valid YAML{why}") from None
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line, where and what (` at line L, column C: problem`);
+    PyYAML's own text spans several lines, with a copy of the offending line."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}"
+
+
+def read_text(path: Path, what: str, error: type[UserError] = UserError) -> str:
+    """A user's text file as str; bytes that are not UTF-8 are named by offset."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {path} is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                    "save it as UTF-8") from None
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return "nested too deeply" if isinstance(err, RecursionError) else str(err).splitlines()[0]
 
 
 def format_validation_error(err: ValidationError, header: str, docs: str) -> str:
@@ -46,7 +69,7 @@ def format_validation_error(err: ValidationError, header: str, docs: str) -> str
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = f"unknown key {e['loc'][-1]!r}; check its spelling against {docs}"
         elif e["type"] == "missing":
             msg = f"required; add it (see {docs})"

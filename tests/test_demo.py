@@ -34,7 +34,11 @@ def test_demo_reaches_95_percent(tmp_path):
     assert all(r["bytes"] > 0 and r["comm_s"] > 0 for r in summary["ranks"].values())
     assert "digits demo: test accuracy" in proc.stdout and "samples/s" in proc.stdout
     assert any((run / "tb").iterdir()), "no TensorBoard events written"
-    assert (run / "checkpoint.pt").is_file()
+    from hetrain.train.elastic import load_committed
+
+    final = load_committed(run / "elastic")  # the demo commits its elastic state; the last one is the finished job
+    pos = final["objects"]["loader"]  # the data position: past the last epoch
+    assert (pos["epoch"], pos["step"]) == (10, 0) and "model" in final["objects"]
 
 
 @pytest.mark.gpu

@@ -145,6 +145,22 @@ class NetnsCluster:
         self._created.clear()
         (RECORDS / f"{self.slot}").unlink(missing_ok=True)
 
+    def link(self, machine: str) -> tuple[str, str]:
+        """(namespace, bridge-side veth) of a machine: where a link can be cut."""
+        ns = self.namespaces[machine]
+        return ns, "hp" + ns[len("het"):]
+
+    def link_up(self, machine: str) -> bool:
+        """Whether the machine's emulated link carries traffic: the bridge end is up
+        and the namespace end has carrier (`ip link set ... down` on either end clears it)."""
+        if machine not in self.namespaces:
+            return False
+        ns, outer = self.link(machine)
+        inner = "hv" + outer[2:]
+        a = subprocess.run(["ip", "-o", "link", "show", "dev", outer], capture_output=True, text=True).stdout
+        b = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "dev", inner], capture_output=True, text=True).stdout
+        return all("LOWER_UP" in out and ",UP" in out for out in (a, b))
+
     def wrap(self, machine: str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespaces[machine], *argv]
 

@@ -143,17 +143,23 @@ class ClusterSpec(Strict):
     machines: tuple[MachineSpec, ...]
     network: NetworkSpec = NetworkSpec()
 
-    @model_validator(mode="after")
-    def _check(self) -> "ClusterSpec":
-        names = [m.name for m in self.machines]
+    @field_validator("machines")
+    @classmethod
+    def _check(cls, machines: tuple[MachineSpec, ...]) -> tuple[MachineSpec, ...]:
+        # a field validator, so errors carry the `machines` location
+        names = [m.name for m in machines]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate machine names {dup}; every machine needs its own name")
-        if not self.workers:
+        if not any(m.role == "worker" for m in machines):
             raise ValueError("the cluster has no worker machine; add at least one machine with role: worker")
-        nodes = sorted({m.node for m in self.machines})
+        nodes = sorted({m.node for m in machines})
         if nodes != list(range(len(nodes))):
             raise ValueError(f"node ranks must be 0..N-1 without gaps, got {nodes}")
+        return machines
+
+    @model_validator(mode="after")
+    def _kinds(self) -> "ClusterSpec":
         kinds = [k.name for k in self.kinds]
         dup = sorted({n for n in kinds if kinds.count(n) > 1})
         if dup:
@@ -211,6 +217,18 @@ class ClusterSpec(Strict):
     def to_file(self) -> dict:
         """The cluster as a cluster file's mapping (sizes in bytes, rates in bytes/s)."""
         return self.model_dump(by_alias=True, exclude_defaults=True)
+
+    def subset(self, names) -> "ClusterSpec":
+        """The cluster restricted to the named machines (cluster-file order kept), as an
+        elastic job runs after machines were left out. Node ranks are renumbered
+        without gaps; a launcher picks its machines by name, not by this number."""
+        keep = [m for m in self.machines if m.name in set(names)]
+        nodes = sorted({m.node for m in keep})
+        renum = {n: i for i, n in enumerate(nodes)}
+        machines = tuple(m.model_copy(update={"node": renum[m.node]}) for m in keep)
+        return ClusterSpec.model_validate({"name": self.name, "kinds": [k.model_dump() for k in self.kinds],
+                                           "machines": [m.model_dump() for m in machines],
+                                           "network": self.network.model_dump()})
 
     def with_emulation(self, emulate: Emulation) -> "ClusterSpec":
         return self.model_copy(update={"network": self.network.model_copy(update={"emulate": emulate})})

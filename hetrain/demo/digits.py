@@ -23,7 +23,6 @@ from torch.utils.data import TensorDataset
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
-from hetrain.train.checkpoint import save_checkpoint
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
 from hetrain.train.summary import format_table, gather_stats, write_summary
@@ -60,8 +59,15 @@ def main(argv=None) -> int:
                          "device's emulated speed, if below 1)")
     ap.add_argument("--balance", choices=["measured", "equal"], default="measured",
                     help="batch shares: follow each worker's measured step time (default) or equal")
+    ap.add_argument("--commit-every", type=int, default=5,
+                    help="commit the elastic state every N steps (0: never); a restarted job resumes there")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    # slow imports and data loading before joining the job: once it has joined, the
+    # summation servers wait for this worker's first step no longer than the peer timeout
+    xtr, ytr, xte, yte = load_digits_split()
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
 
     ctx = hetrain.init()
     rank, nw = hetrain.rank(), hetrain.size()
@@ -71,15 +77,12 @@ def main(argv=None) -> int:
     emulated = (EmulatedDevice(machine.device, machine.name, run_dir, cost_per_sample=args.cost_per_sample or None)
                 if machine else None)
 
-    xtr, ytr, xte, yte = load_digits_split()
     model = make_model()
-    hetrain.broadcast_parameters(model.state_dict(), root_rank=0)
     model.to(device)
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                        named_parameters=model.named_parameters())
     writer = None
     if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
     steplog = StepLogger(ctx, run_dir, writer)
     # this worker's share of every global batch, on its device; shares follow the measured
@@ -87,34 +90,49 @@ def main(argv=None) -> int:
     loader = BalancedLoader(TensorDataset(xtr, ytr), args.global_batch, optimizer=opt, model=model, device=device,
                             balance=args.balance, logger=steplog, seed=1)
     xte, yte = xte.to(device), yte.to(device)
-    from tqdm import tqdm
+    # model, optimizer and data position continue from the last commit after a restart
+    # (hetrain launch --max-restarts); rank 0's initial weights otherwise. A restarted
+    # round balances afresh for its own (possibly fewer) workers.
+    state = hetrain.elastic.State(model=model, optimizer=opt, loader=loader)
+    counts = {"samples": 0, "steps": 0}
 
-    bar = tqdm(range(args.epochs), desc="epochs", file=sys.stdout, disable=rank != 0, ascii=True, mininterval=0)
+    @hetrain.elastic.run
+    def train(state) -> None:
+        done = loader.epoch + (loader.step >= len(loader))  # epochs finished before this round
+        bar = tqdm(total=args.epochs, initial=min(done, args.epochs), desc="epochs", file=sys.stdout,
+                   disable=rank != 0, ascii=True, mininterval=0)
+        for epoch in loader.epochs(args.epochs):
+            for x, y in loader:
+                opt.zero_grad()
+                loss = None
+                if emulated is not None:
+                    emulated.check_memory(len(x), loader.balancer.cfg.memory_per_sample,
+                                          loader.balancer.cfg.reserved_bytes)
+                with emulated.compute(len(x)) if emulated is not None else nullcontext():
+                    if len(x):
+                        loss = F.cross_entropy(model(x), y)
+                        loss.backward()
+                opt.step()
+                counts["samples"] += len(x)
+                counts["steps"] += 1
+                step = epoch * len(loader) + loader.step
+                if writer is not None and loss is not None:
+                    writer.add_scalar("train/loss", loss.item(), step)
+                if args.commit_every and loader.step % args.commit_every == 0:
+                    state.commit()  # after opt.step(): a restart resumes with the next step
+            acc = accuracy(model, xte, yte)
+            if rank == 0:
+                bar.update(1)
+                bar.set_postfix(test_acc=f"{acc:.3f}")
+                writer.add_scalar("test/accuracy", acc, epoch)
+        bar.close()
+        loader.finish()  # the last step's exchange: measured, logged and counted like the others
+        if args.commit_every:
+            state.commit()  # the finished job: a restart from here trains no more
+
     t_start = time.perf_counter()
-    samples = 0
-    step = 0
-    for epoch in bar:
-        for x, y in loader:
-            opt.zero_grad()
-            loss = None
-            if emulated is not None:
-                emulated.check_memory(len(x), loader.balancer.cfg.memory_per_sample, loader.balancer.cfg.reserved_bytes)
-            with emulated.compute(len(x)) if emulated is not None else nullcontext():
-                if len(x):
-                    loss = F.cross_entropy(model(x), y)
-                    loss.backward()
-            opt.step()
-            samples += len(x)
-            step += 1
-            if writer is not None and loss is not None:
-                writer.add_scalar("train/loss", loss.item(), step)
-        acc = accuracy(model, xte, yte)
-        if rank == 0:
-            bar.set_postfix(test_acc=f"{acc:.3f}")
-            writer.add_scalar("test/accuracy", acc, epoch)
-            save_checkpoint(os.path.join(run_dir, "checkpoint.pt"),
-                            {"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()})
-    loader.finish()  # the last step's exchange: measured, logged and counted like the others
+    train(state)
+    samples, step = counts["samples"], counts["steps"]
     wall = time.perf_counter() - t_start
     st = hetrain.engine().stats
     me = rank if len(steplog.labels) > 1 else 0

@@ -69,14 +69,12 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     from ..plan.catalogue import check_plan, load_catalogue
     from ..plan.profile import ModelProfile
     from .sparse_ps import shards_needed
+    from ..plan.render import parse_plan
     from .spec import RunSpec, StageSpec, lcm_micro_batches
     from .workload import CATALOGUE, MODEL_NAME, CTRModelConfig, emulated_profile
 
-    if not plan.get("feasible"):
-        raise UserError(f"the plan is not feasible ({plan.get('reason', '')}); make a feasible plan first")
-    from ..plan.render import validate_plan
-
-    plan = validate_plan(plan, "file")
+    doc = parse_plan(plan, "file")
+    plan = doc.model_dump()
     catalogue = load_catalogue(catalogue_path or CATALOGUE)
     check_plan(plan, catalogue, catalogue_path or CATALOGUE)
     profile = ModelProfile.load(profile_path) if profile_path else emulated_profile()
@@ -85,29 +83,30 @@ def compile_plan(plan: dict, catalogue_path: str | None = None, profile_path: st
     names = [l.name for l in profile.layers]
     w = profile.workload(catalogue)
     assign = []
-    for st in plan["stages"]:
-        a, b = st["layers"]
-        if st.get("layer_names") and st["layer_names"] != names[a:b]:
-            raise UserError(f"plan stage layers {st['layer_names']} do not match the model's layers {names[a:b]}: "
+    for st in doc.stages:
+        a, b = st.layers
+        if st.layer_names and st.layer_names != names[a:b]:
+            raise UserError(f"plan stage layers {st.layer_names} do not match the model's layers {names[a:b]}: "
                             "make the plan from this model's profile (python -m hetrain.pipeline.workload)")
-        assign += [catalogue.index(st["type"])] * (b - a)
-    if len(assign) != len(names):
-        raise UserError(f"the plan places {len(assign)} layers, the model has {len(names)}")
-    batch = int(plan.get("batch_size", 1024))
+        assign += [catalogue.index(st.type)] * (b - a)
+    if len(assign) != len(names) or [st.layers[0] for st in doc.stages] != [0] + [st.layers[1] for st in doc.stages[:-1]]:
+        raise UserError(f"the plan places {len(assign)} layers, the model has {len(names)}: stages.N.layers must "
+                        f"cover 0..{len(names)} in order, without gaps or overlaps")
+    batch = doc.batch_size
     params = CostParams(batch_size=batch)
-    inst = [int(st["instances"]) for st in plan["stages"]]
-    if any(a["type"] == b["type"] for a, b in zip(plan["stages"], plan["stages"][1:])):
+    inst = [st.instances for st in doc.stages]
+    if any(a.type == b.type for a, b in zip(doc.stages, doc.stages[1:])):
         raise UserError("two neighbouring plan stages have the same type; the cost model counts them as one "
                         "stage: merge them (sum their instances) or give them different types")
-    score = evaluate(w, assign, float(plan["target"]), params, instances=inst)
+    score = evaluate(w, assign, doc.target, params, instances=inst)
     devmap = load_device_map(devices, catalogue)
     stages = []
-    for st, sc in zip(plan["stages"], score.stages):
+    for st, sc in zip(doc.stages, score.stages):
         pd = float(w.dense_param_bytes[sc.start:sc.end].sum())
         stored = float(w.stored_act_bytes[sc.start:sc.end].sum())
-        stages.append(StageSpec(sc.start, sc.end, st["type"], st.get("kind", ""), sc.instances,
+        stages.append(StageSpec(sc.start, sc.end, st.type, st.kind, sc.instances,
                                 float(sc.time_per_sample), ring_allreduce_time(pd, sc.instances, float(w.bandwidth[sc.rtype])),
-                                device=devmap.device_of(st["type"]), threads=devmap.threads_of(st["type"]) or 0,
+                                device=devmap.device_of(st.type), threads=devmap.threads_of(st.type) or 0,
                                 # what a replica keeps: the sparse tables live on the shards
                                 memory_bytes=stage_memory(pd, 0.0, stored, sc.instances, params)))
     opts["emulate"] = opts.get("emulate", True) and devmap.emulated  # real devices are never padded

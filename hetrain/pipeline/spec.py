@@ -7,8 +7,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import UserError
+from ..fileio import format_validation_error, read_text
 from .data import CTRDataConfig
 from .devicemap import StageDevice
 from .sparse_ps import SparseOptim
@@ -130,7 +134,22 @@ class RunSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> "RunSpec":
-        return cls(**json.loads(Path(path).read_text()))
+        path = Path(path)
+        try:
+            data = json.loads(read_text(path, "run spec"))
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise UserError(f"run spec {path} is not valid JSON: {err}") from None
+        return parse_run_spec(data, str(path))
+
+
+def parse_run_spec(data: Any, source: str = "<run spec>") -> "RunSpec":
+    """A run spec from its JSON form; every field checked, errors name it."""
+    if not isinstance(data, dict):
+        raise UserError(f"invalid run spec {source}: expected a JSON object")
+    try:
+        return _RUN_SPEC.validate_python(data)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err, f"invalid run spec {source}:", "docs/heterps-runtime.md")) from None
 
 
 def lcm_micro_batches(wanted: int, instances: list[int], batch: int) -> int:
@@ -141,3 +160,10 @@ def lcm_micro_batches(wanted: int, instances: list[int], batch: int) -> int:
         m = m * k // math.gcd(m, k)
     n = math.ceil(wanted / m) * m
     return n if n <= batch else wanted
+
+
+# the spec's dataclasses checked field by field (unknown keys refused, __post_init__
+# checks reported with their field path); built once
+for _cls in (StageSpec, RunSpec, SparseOptim, CTRModelConfig, CTRDataConfig):
+    _cls.__pydantic_config__ = ConfigDict(extra="forbid", strict=False)
+_RUN_SPEC = TypeAdapter(RunSpec)

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..errors import UserError
+from ..fileio import format_validation_error
 from .base import PlanResult, Problem
 
 PLAN_FORMAT = "hetrain.plan/1"
@@ -20,7 +22,7 @@ class PlanStage(BaseModel):
     layers: tuple[int, int] = Field(description="first layer and one past the last")
     type: str
     kind: str = ""
-    instances: int = Field(ge=1)
+    instances: int = Field(ge=1, le=1_000_000)
     layer_names: list[str] | None = None
 
     @field_validator("layers")
@@ -39,7 +41,7 @@ class PlanFile(BaseModel):
     feasible: bool
     reason: str = ""
     target: float = Field(gt=0)
-    batch_size: int = Field(default=1024, ge=1)
+    batch_size: int = Field(default=1024, ge=1, le=1_000_000_000)
     stages: list[PlanStage] = Field(min_length=1)
 
     @field_validator("target")
@@ -50,15 +52,21 @@ class PlanFile(BaseModel):
         return v
 
 
-def validate_plan(data: dict, source: str = "plan") -> dict:
-    """The plan with its fields checked (UserError naming each bad field)."""
-    from ..errors import UserError
-    from ..fileio import format_validation_error
+class PlanError(UserError):
+    """A plan file the runtime cannot run; the message names the field."""
 
+
+def parse_plan(data: Any, source: str = "plan") -> PlanFile:
+    """A feasible plan with its fields checked (PlanError naming each bad field)."""
+    if not isinstance(data, dict):
+        raise PlanError(f"invalid plan {source}: expected a JSON object with `stages` (a plan written by "
+                        "`hetrain plan --out`)")
+    if data.get("feasible") is not True:
+        raise PlanError(f"the plan is not feasible ({data.get('reason', '')}); make a feasible plan first")
     try:
-        return PlanFile.model_validate(data).model_dump()
+        return PlanFile.model_validate(data)
     except ValidationError as err:
-        raise UserError(format_validation_error(err, f"invalid plan {source}:", "docs/placement.md")) from None
+        raise PlanError(format_validation_error(err, f"invalid plan {source}:", "docs/placement.md")) from None
 
 
 def plan_to_dict(problem: Problem, result: PlanResult, model: str = "", catalogue: str = "") -> dict:

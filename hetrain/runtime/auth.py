@@ -2,8 +2,12 @@
 
 torch.distributed's store has no authentication, so before the process group forms,
 each process proves it knows the job secret: it publishes HMAC(secret, nonce|rank)
-under its rank, and every process checks all the others. A process without the
-secret cannot join, and the error names the rank that failed.
+under its rank (first writer wins, so a late impostor cannot overwrite a genuine
+proof), and every process checks all the others. A process without the secret cannot
+join, and the error names the rank that failed.
+
+Node launchers that join a running job (multi-node, a node coming back) prove the
+secret the same way with `join_tag` before the job counts their machines.
 """
 from __future__ import annotations
 
@@ -49,7 +53,13 @@ def admit(store, secret: str, rank: int, world_size: int, timeout_s: float) -> N
     """Publish this rank's proof and verify every other rank's (raises AuthError)."""
     store.set_timeout(timedelta(seconds=timeout_s))
     nonce = store.get("hetrain/nonce").decode()
-    store.set(f"hetrain/auth/{rank}", tag(secret, nonce, rank))
+    mine = tag(secret, nonce, rank)
+    # first writer wins: a process that claims this rank later cannot overwrite our proof
+    # (and make the others refuse us); one that claimed it first is named here
+    got = store.compare_set(f"hetrain/auth/{rank}", "", mine).decode()
+    if not hmac.compare_digest(got, mine):
+        raise AuthError(f"another process claimed rank {rank} of this job first without this job's shared secret "
+                        f"(or with another one); every node must use the same {SECRET_ENV} / --secret-file")
     for peer in range(world_size):
         if peer == rank:
             continue
@@ -57,3 +67,12 @@ def admit(store, secret: str, rank: int, world_size: int, timeout_s: float) -> N
         if not hmac.compare_digest(got, tag(secret, nonce, peer)):
             raise AuthError(f"rank {peer} did not present this job's shared secret; every node must use the "
                             f"same {SECRET_ENV} / --secret-file. Refusing to train with it.")
+
+
+def join_tag(secret: str, nonce: str, node: int, instance: str) -> str:
+    """A node launcher's proof of the job secret when it (re)joins a running job."""
+    return hmac.new(secret.encode(), f"{nonce}|node|{node}|{instance}".encode(), hashlib.sha256).hexdigest()
+
+
+def check_join(secret: str, nonce: str, node: int, instance: str, proof: str) -> bool:
+    return hmac.compare_digest(proof, join_tag(secret, nonce, node, instance))

@@ -34,6 +34,14 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
+    p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
+                   help="restart the job from its last commit after up to N failures (a process that died or "
+                        "stopped answering); 0 (default) ends the job at the first failure")
+    p.add_argument("--min-workers", type=int, default=1,
+                   help="give up when fewer worker machines than this are left (machines that fail twice in a "
+                        "row are left out until healthy again)")
+    p.add_argument("--rejoin-after", type=float, default=60.0, metavar="SECONDS",
+                   help="cool-down before a left-out machine is tried again (doubles each time it is left out)")
     p.add_argument("--quiet", action="store_true", help="do not stream the processes' output")
 
 
@@ -64,6 +72,7 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 def _launch_config(args, argv: list[str], cluster=None):
     from .launcher import LaunchConfig
     from .auth import load_secret
+    from .supervisor import ElasticConfig
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
 
     flags = TorchrunFlags(
@@ -86,7 +95,9 @@ def _launch_config(args, argv: list[str], cluster=None):
     return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=res.node_rank,
                         master_addr=res.master_addr, master_port=res.master_port,
                         assign_node_rank=res.assign_node_rank, secret=secret, run_dir=args.run_dir,
-                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None))
+                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None),
+                        elastic=ElasticConfig(max_restarts=args.max_restarts, min_workers=args.min_workers,
+                                              rejoin_after_s=args.rejoin_after))
 
 
 def _cmd_launch(args) -> int:

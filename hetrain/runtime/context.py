@@ -1,6 +1,7 @@
 """Per-process job context: who am I, the process groups, and how to report a lost peer."""
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from ..errors import UserError
 from .auth import admit, load_secret
 from .devices import Backends, bind, nccl_environment, plan_backends
 from .env import CommConfig, ProcEnv
+from .heartbeat import Heartbeat, mark_leaving, stale_ranks
+from .rounds import dead_key
 from .netif import iface_for_address
 from .topology import Topology, build_topology, lanes_for
 
@@ -41,6 +44,7 @@ class Context:
     # that waits for its sum from the servers
     local_groups: tuple | None = None
     local_ranks: tuple[int, ...] = ()
+    heartbeat: Heartbeat | None = None
 
     def pace(self, peer: int, nbytes: int) -> None:
         """Charge a send to another machine against this machine's emulated uplink."""
@@ -78,25 +82,26 @@ class Context:
     def describe(self, rank: int) -> str:
         return self.topology.describe(rank) if self.topology else f"rank {rank}"
 
-    def lost_peers(self, wait_s: float = 3.0) -> list[int]:
-        """Ranks the launcher has reported dead (it writes hetrain/dead/<rank>).
+    def lost_peers(self, wait_s: float = 3.0) -> dict[int, str]:
+        """Ranks the launcher has reported lost (it writes hetrain/dead/<rank> =
+        "died: how" or "hung: why"), with that record.
 
         A survivor often sees the broken connection before the launcher has reaped
         the dead process, so give the launcher a moment to record it.
         """
         if self.store is None:
-            return []
-        keys = [f"hetrain/dead/{r}" for r in range(self.world_size)]
+            return {}
+        keys = {r: dead_key(r) for r in range(self.world_size) if r != self.rank}
         deadline = time.monotonic() + wait_s
         try:
             self.store.set_timeout(timedelta(seconds=2))
             while True:
-                dead = [r for r, k in enumerate(keys) if self.store.check([k])]
+                dead = {r: self.store.get(k).decode(errors="replace") for r, k in keys.items() if self.store.check([k])}
                 if dead or time.monotonic() > deadline:
                     return dead
                 time.sleep(0.1)
         except Exception:  # the store itself is gone: the launcher's node died
-            return []
+            return {}
 
     def silent_peers(self, wait_s: float = 4.0) -> list[int]:
         """After a collective timed out with no rank reported dead: every survivor posts
@@ -116,16 +121,39 @@ class Context:
             return []
 
     def peer_error(self, what: str, suspects: list[int], err: BaseException) -> PeerLostError:
-        """Turn a gloo failure into a message that names the lost rank(s)."""
+        """Turn a gloo failure into a message that names the lost rank(s).
+
+        Evidence, strongest first: the launcher's record of a rank that died or hung;
+        a rank whose heartbeat stands still while the others beat (it hangs; the rest
+        wait); the peer this rank was waiting on; ranks that never said they are stuck.
+        """
         self.failed = True
         dead = self.lost_peers()
-        names = dead or suspects or self.silent_peers()
+        if dead:
+            names = sorted(dead)
+            detail = "; ".join(_explain(dead[r]) for r in names)
+        else:
+            others = [r for r in range(self.world_size) if r != self.rank]
+            stale = stale_ranks(self.store, others) if self.store is not None else []
+            if stale:
+                names, detail = stale, "the peer stopped answering: its heartbeat stood still while the others beat (hung)"
+            else:
+                names = suspects or self.silent_peers()
+                detail = "the peer stopped answering or died"
         who = ", ".join(self.describe(r) for r in names) or "an unknown peer"
-        verb = "died" if dead else "stopped answering or died"
+        first = str(err).splitlines()[0] if str(err) else ""
         return PeerLostError(
-            f"{self.describe(self.rank)}: lost {who} while {what}: the peer {verb}. "
-            f"The job cannot continue; restart it (from the last checkpoint). [{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}]"
+            f"{self.describe(self.rank)}: lost {who} while {what}: {detail}. "
+            f"This round of the job cannot continue; the launcher restarts it from the last commit when "
+            f"--max-restarts allows. [{type(err).__name__}: {first}]"
         )
+
+
+def _explain(record: str) -> str:
+    kind, _, why = record.partition(": ")
+    if kind == "hung":
+        return f"the peer stopped answering ({why})"
+    return f"the peer died ({why or record})"
 
 
 _CTX: Context | None = None
@@ -165,17 +193,24 @@ def init() -> Context:
     if backends.uses_nccl:
         nccl_environment()
     iface = iface_for_address(me.machine.address)
-    timeout = env.comm.timeout_s
-    if env.origin == "torchrun":
-        store = _join_torchrun(env, iface, timeout)
+    # gloo operations get the longer backstop bound: dead and hung peers are found by
+    # liveness within --timeout (CommConfig.op_timeout_s says why)
+    timeout = env.comm.op_timeout_s
+    heartbeat = None
+    if env.origin == "torchrun":  # torchrun's store and agent: no hetrain liveness, no rounds
+        store = _join_torchrun(env, iface, env.comm.timeout_s)
     else:
         if iface is None:
             raise UserError(f"machine {me.machine.name} has address {me.machine.address}, which no local interface "
                             "carries; fix `address` in the cluster file or run this node on that machine")
         os.environ["GLOO_SOCKET_IFNAME"] = iface  # gloo listens on the cluster address only
-        store = dist.TCPStore(env.master_addr, env.master_port, None, False,
-                              timeout=timedelta(seconds=max(timeout, 30)))
-        admit(store, load_secret(), env.rank, env.world_size, max(timeout, 30))
+        rendezvous = env.comm.rendezvous_timeout_s
+        client = dist.TCPStore(env.master_addr, env.master_port, None, False, timeout=timedelta(seconds=rendezvous))
+        store = dist.PrefixStore(env.store_prefix, client)  # this round's keys only
+        # beat from here on: a process that hangs even in the rendezvous below is named
+        heartbeat = Heartbeat(env.master_addr, env.master_port, env.store_prefix, env.rank).start()
+        atexit.register(mark_leaving, store, env.rank)  # finalising is silent: tell the launcher it is expected
+        admit(store, load_secret(), env.rank, env.world_size, rendezvous)
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))
     wait = timedelta(seconds=timeout)
@@ -203,7 +238,7 @@ def init() -> Context:
     _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
                    bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
                    device=device, backends=backends, nccl_group=nccl_group, local_groups=local_groups,
-                   local_ranks=local_ranks)
+                   local_ranks=local_ranks, heartbeat=heartbeat)
     return _CTX
 
 
@@ -246,4 +281,6 @@ def teardown(ctx: "Context | None") -> None:
 def shutdown() -> None:
     global _CTX
     ctx, _CTX = _CTX, None
+    # the heartbeat goes on until the process exits: a process still running must never
+    # look hung to the launcher, which sees the exit itself
     teardown(ctx)

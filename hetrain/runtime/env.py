@@ -84,7 +84,7 @@ class CommConfig(BaseModel):
     mode: Mode = "byteps"
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (comm.window)
-    timeout_s: float = 60.0  # a lost peer is reported within this time
+    timeout_s: float = 60.0  # a lost peer (dead, or silent: no heartbeat) is reported within this time
     # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
     # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
     max_lanes: int = 1
@@ -101,6 +101,20 @@ class CommConfig(BaseModel):
             super().__init__(**data)
         except ValidationError as err:
             raise UserError(_explain(err)) from None
+
+    @property
+    def op_timeout_s(self) -> float:
+        """Bound on one gloo operation. Lost peers are found by liveness within
+        `timeout_s` (the launcher records and stops a process that died or went silent,
+        so its peers' operations fail at once); this longer bound is the backstop for
+        what liveness cannot see (a whole node cut off with the store), and it lets a
+        live peer be slow, e.g. in its setup before the first step on a loaded host."""
+        return max(4.0 * self.timeout_s, 60.0)
+
+    @property
+    def rendezvous_timeout_s(self) -> float:
+        """How long processes wait for each other to start (imports on a loaded host)."""
+        return max(self.op_timeout_s, 300.0)
 
     @field_validator("partition_bytes")
     @classmethod
@@ -183,6 +197,11 @@ class ProcEnv:
     # who started the process: hetrain's launcher, or plain torchrun (runtime/torchrun.py:
     # workers only, its store, no job secret)
     origin: Literal["hetrain", "torchrun"] = "hetrain"
+    restart: int = 0  # which round of the job this is (0 = first start; +1 per restart or resize)
+
+    @property
+    def store_prefix(self) -> str:
+        return round_prefix(self.restart)
 
     def to_environ(self, secret: str) -> dict[str, str]:
         env = {
@@ -193,7 +212,7 @@ class ProcEnv:
             f"{PREFIX}MASTER_ADDR": self.master_addr, f"{PREFIX}MASTER_PORT": str(self.master_port),
             f"{PREFIX}JOB_ID": self.job_id, f"{PREFIX}CLUSTER": self.cluster_json,
             f"{PREFIX}COMM": self.comm.to_json(), f"{PREFIX}RUN_DIR": self.run_dir,
-            f"{PREFIX}SECRET": secret,
+            f"{PREFIX}SECRET": secret, f"{PREFIX}RESTART": str(self.restart),
         }
         return env
 
@@ -209,4 +228,11 @@ class ProcEnv:
             comm=CommConfig.from_json(e.get(f"{PREFIX}COMM", "{}")),
             run_dir=e.get(f"{PREFIX}RUN_DIR", "runs/latest"),
             local_rank=int(e.get("LOCAL_RANK", "0")), local_world_size=int(e.get("LOCAL_WORLD_SIZE", "1")),
+            restart=int(e.get(f"{PREFIX}RESTART", "0")),
         )
+
+
+def round_prefix(restart: int) -> str:
+    """Store keys of one round of a job live under this prefix, so a restarted round's
+    rendezvous, admission, heartbeats and lost-peer records never meet the last one's."""
+    return f"round{restart}"

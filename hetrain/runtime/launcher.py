@@ -3,18 +3,25 @@
 Locally it runs the whole cluster on this host (an *embedded* cluster). Across
 machines, the same command runs on each node with `--node-rank` and the master's
 address, torchrun-style: node 0 hosts the torch.distributed TCPStore (bound to the
-cluster address only) and every process rendezvouses through it. The launcher
-streams each process's output with a rank prefix; when a process fails it records
-the dead rank in the store (so the others can name it), gives the rest `timeout_s`
-to stop on their own, then stops them, and returns non-zero with the failing
+cluster address only) and every process rendezvouses through it; node 0's launcher
+decides each round of the job and the others follow (`rounds.py`). The launcher
+streams each process's output with a rank prefix.
+
+It watches every process of a round: exits (its own children), heartbeats in the
+store (every rank, `heartbeat.py`) and the kernel's process state (its children).
+The root cause of a failure is the first process that died without having lost a
+peer, or one that stopped answering (no heartbeat for the peer timeout, or stopped
+by a signal); the launcher records it in the store so every survivor names it,
+stops a hung one, and gives the rest a grace period to stop. With `--max-restarts N`
+it then starts a new round from the last commit (`hetrain.train.elastic`) on the
+machines still in (`supervisor.py`); otherwise it returns non-zero with the failing
 rank's error.
 
 It fails fast, in the user's terms: a script or module that does not exist, or
 workers that ask for more cores than the host has, are refused before anything starts;
 a process that exits before the job has formed (before the rendezvous completes) ends
-the job at once, since the others would only wait for it until the timeout. Output is
-read in chunks as it arrives, so a progress bar's carriage-return redraws show while
-the job runs.
+the round at once, since the others would only wait for it. Output is read in chunks
+as it arrives, so a progress bar's carriage-return redraws show while the job runs.
 """
 from __future__ import annotations
 
@@ -42,11 +49,19 @@ from . import STOP_REQUESTED
 from .auth import new_secret
 from .cores import assign_cores, describe as describe_cores, pin
 from .devices import preflight
-from .env import CommConfig, ProcEnv
+from .env import CommConfig, ProcEnv, round_prefix
+from .heartbeat import Heartbeat, Liveness
 from .netif import iface_for_address
-from .topology import Proc, build_topology
+from .rounds import (COMMITS, JOB, JOINS, NODE_HB, RESIZE, TEARDOWN, JoinRequest, dead_key, join_key, latest_round,
+                     post_exit, publish_round, read_exit, round_machines)
+from .supervisor import ElasticConfig, Membership
+from .topology import Proc, Topology, build_topology
 
 EXIT_STOPPED = 3  # a process stopped at a checkpoint because it was asked to (SIGUSR1)
+EXIT_RESIZE = 4  # workers stopped at a commit so that the launcher can change the job's machines
+# a survivor failed because it lost a peer, and no root cause is known yet: look this
+# long for the process that died or hangs before blaming the survivor itself
+CONSEQUENCE_WAIT_S = 5.0
 
 
 @dataclass
@@ -65,6 +80,7 @@ class LaunchConfig:
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     job_id: str | None = None  # default: a fresh random id (torchrun's --rdzv-id sets it)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self) -> None:
         if not self.argv:
@@ -141,8 +157,13 @@ def _is_local_address(addr: str) -> bool:
         return False
 
 
+# what a process prints when it failed only because it lost a peer: hetrain's own error,
+# and gloo's when its I/O thread aborts the process on a dropped connection
+_LOST_PEER = ("PeerLostError", "Connection closed by peer", "Connection reset by peer", "gloo::IoException")
+
+
 def _is_consequence(child: "Child") -> bool:
-    return any("PeerLostError" in line or "Connection closed by peer" in line for line in child.tail)
+    return any(sign in line for line in child.tail for sign in _LOST_PEER)
 
 
 def _describe_exit(code: int) -> str:
@@ -160,9 +181,15 @@ class Launcher:
         self.children: list[Child] = []
         self.job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.job_id)[:40] if cfg.job_id else uuid.uuid4().hex[:8]
         self.netns = None
-        self._server_check_done = False
         self._print_lock = threading.Lock()
         self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
+        # one launcher starts every process (the whole cluster here, or a one-node job)
+        self.embedded = cfg.node_rank is None and not cfg.assign_node_rank or cfg.cluster.nnodes == 1
+        self.multinode = not self.embedded  # node 0 leads the rounds, the others follow
+        self.node_rank = cfg.node_rank  # known once the store is open when nodes take ranks on arrival
+        self.my_machines: set[str] = set()
+        self.store = None
+        self._job_over = False
 
     # ---- public -------------------------------------------------------------------------
     def run(self) -> int:
@@ -172,20 +199,19 @@ class Launcher:
         check_entry_point(cfg.argv)
         if not cfg.assign_node_rank:
             topo = build_topology(cluster, cfg.comm.mode)
-            self._cores(topo, cfg.node_rank)
+            self._cores(self._local(topo, cfg.node_rank))
             preflight(cluster, topo, cfg.comm, cfg.node_rank)  # the GPUs and NCCL this node's machines ask for
-        embedded = cfg.node_rank is None and not cfg.assign_node_rank or cluster.nnodes == 1  # all runs here
         emulate = cluster.network.emulate
         if emulate == "auto":
             from ..cluster.netns import netns_available
-            emulate = "netns" if netns_available() is None and embedded else "ratelimit"
+            emulate = "netns" if netns_available() is None and self.embedded else "ratelimit"
         self.ratelimit_dir = None
         if emulate == "ratelimit":
             import tempfile
             self.ratelimit_dir = tempfile.mkdtemp(prefix=f"hetrain-{self.job_id}-",
                                                   dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         if emulate == "netns":
-            if not embedded:
+            if not self.embedded:
                 raise UserError("netns emulation runs a whole cluster on one host; drop --node-rank or set emulate: none")
             from ..cluster.netns import NetnsCluster
             self.netns = NetnsCluster(cluster)
@@ -201,6 +227,7 @@ class Launcher:
             return self._run(cluster)
         finally:
             self._stop_all(grace=3.0)
+            self._end_job(130)  # followers stop too if the leader is interrupted
             if self.netns is not None:
                 self.netns.down()
             if self.ratelimit_dir:
@@ -221,13 +248,13 @@ class Launcher:
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
 
     @staticmethod
-    def _local(topo, node_rank: int | None) -> list[Proc]:
-        """The processes this launcher starts, in rank order (workers first)."""
+    def _local(topo: Topology, node_rank: int | None) -> list[Proc]:
+        """The processes of `topo` a launcher of `node_rank` starts (None: all), in rank order."""
         return [p for p in topo.procs if node_rank is None or p.machine.node == node_rank]
 
-    def _cores(self, topo, node_rank: int | None):
+    def _cores(self, local: list[Proc]):
         """Cores of this host for the workers that declare `threads:` (raises when they do not fit)."""
-        return assign_cores(self._local(topo, node_rank), sorted(os.sched_getaffinity(0)))
+        return assign_cores(local, sorted(os.sched_getaffinity(0)))
 
     def _open_store(self, dist, master_addr: str, timeout: timedelta):
         """Host the rendezvous store (node 0) or connect to it; hand out this node's rank
@@ -261,49 +288,40 @@ class Launcher:
 
     def _run(self, cluster: ClusterSpec) -> int:
         cfg = self.cfg
-        topo = build_topology(cluster, cfg.comm.mode)
-        master_addr = cfg.master_addr or (self.netns.host_address if self.netns else topo.procs[0].machine.address)
-        embedded = cfg.node_rank is None and not cfg.assign_node_rank
-        # one launcher starts every process (the whole cluster here, or a one-node job):
-        # it can make up the secret; several nodes must share one
-        alone = embedded or cluster.nnodes == 1
-        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if alone else None)
+        self.master_addr = cfg.master_addr or (self.netns.host_address if self.netns else cluster.workers[0].address)
+        # one launcher starting every process can make up the secret; several nodes must share one
+        secret = cfg.secret or os.environ.get("HETRAIN_SECRET") or (new_secret() if self.embedded else None)
         if secret is None:
             raise UserError("a multi-node launch needs the same secret on every node: set HETRAIN_SECRET or --secret-file")
+        self.secret = secret
         import torch.distributed as dist  # deferred: `hetrain --help` stays fast
 
-        timeout = timedelta(seconds=max(cfg.comm.timeout_s, 30))
-        store, port, node_rank = self._open_store(dist, master_addr, timeout)
+        store, self.port, node_rank = self._open_store(dist, self.master_addr,
+                                                       timedelta(seconds=cfg.comm.rendezvous_timeout_s))
         self.store = store
+        self.node_rank = None if self.embedded else node_rank
         if cfg.assign_node_rank:  # this node's rank is known only now: check its GPUs before starting anything
-            preflight(cluster, topo, cfg.comm, node_rank)
-        local = self._local(topo, node_rank)
-        cores = self._cores(topo, node_rank)
+            preflight(cluster, build_topology(cluster, cfg.comm.mode), cfg.comm, node_rank)
+        self.my_machines = {m.name for m in cluster.machines if self.node_rank is None or m.node == self.node_rank}
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        node = "" if embedded else f"node {node_rank} of {cluster.nnodes} "
-        self._log(f"hetrain: job {self.job_id}, mode {cfg.comm.mode}, {len(topo.workers)} workers + "
-                  f"{len(topo.servers)} summation servers; {node or 'this node '}starts {len(local)} processes; "
-                  f"logs in {self.run_dir}")
-        if cores.pinned:
-            self._log(f"hetrain: {describe_cores(cores, local)}")
-        if STOP_REQUESTED.is_set():  # asked to stop before any process started: nothing ran, nothing to save
-            self._log("hetrain: stop requested before the job started; relaunch to run it")
-            return EXIT_STOPPED
+        self.cluster = cluster
+        return self._lead() if self.node_rank in (None, 0) else self._follow()
+
+    def _child(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int, local_rank: int, local_world_size: int,
+               cores) -> Child:
+        """Start process `p` of round `r` (`_spawn`) and forward its output."""
+        env = process_env(self.cfg, p, topo.world_size, sub, self.master_addr, self.port, self.job_id, self.secret,
+                          str(self.run_dir), self.ratelimit_dir, local_rank=local_rank,
+                          local_world_size=local_world_size, threads=cores.threads_for(p.rank), restart=r)
         self._core_plan = cores
-        for local_rank, p in enumerate(local):
-            env = process_env(cfg, p, topo.world_size, cluster, master_addr, port, self.job_id, secret,
-                              str(self.run_dir), self.ratelimit_dir, local_rank=local_rank,
-                              local_world_size=len(local), threads=cores.threads_for(p.rank))
-            child = Child(p, self._spawn(p, process_args(cfg, p), env))
-            child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
-            child.reader.start()
-            self.children.append(child)
-        if STOP_REQUESTED.is_set():  # asked while the processes were being started
-            self._forward()
-        return self._monitor(topo)
+        child = Child(p, self._spawn(p, process_args(self.cfg, p), env))
+        child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
+        child.reader.start()
+        return child
 
     def _spawn(self, p: Proc, args: list[str], env: dict[str, str]):
-        """Start one process of the job here; returns its Popen (or a handle like it)."""
+        """Start one process of the job here; returns its Popen (or a handle like it:
+        the Ray backend starts it in an actor)."""
         argv = [sys.executable, *args]
         plan = getattr(self, "_core_plan", None)
         if plan is not None and plan.cores_for(p.rank):  # the cluster file gave this worker its own cores
@@ -322,6 +340,420 @@ class Launcher:
     def _exit_text(self, child: Child) -> str:
         return _describe_exit(child.popen.returncode)
 
+    @staticmethod
+    def _host_pid(child: Child) -> int | None:
+        """The process id on this host, whose kernel state the launcher can read (None
+        for a process started elsewhere, such as in a Ray actor)."""
+        return child.popen.pid if isinstance(child.popen, subprocess.Popen) else None
+
+    def _start_round(self, r: int, sub: ClusterSpec, topo: Topology):
+        """This node's processes of round r; returns the round's store."""
+        import torch.distributed as dist
+
+        rstore = dist.PrefixStore(round_prefix(r), self.store)
+        local = [p for p in topo.procs if p.machine.name in self.my_machines]
+        cores = self._cores(local)
+        if cores.pinned and r == 0:
+            self._log(f"hetrain: {describe_cores(cores, local)}")
+        self.children = [self._child(p, topo, sub, r, i, len(local), cores) for i, p in enumerate(local)]
+        if STOP_REQUESTED.is_set():  # asked before the processes existed
+            self._forward()
+        return rstore
+
+    # ---- node 0: decide the rounds ------------------------------------------------------
+    def _lead(self) -> int:
+        cfg, el = self.cfg, self.cfg.elastic
+        self.membership = Membership(self.cluster, el, probe=self._probe)
+        self._joins_seen, self._join_missing_since = 0, None
+        self.node_instance: dict[int, str] = {}
+        self._nodes_ever: set[int] = set()
+        self.node_live = None
+        if self.multinode:
+            self._await_nodes()
+        restarts, r = 0, 0
+        while True:
+            back = self.membership.ready_to_return() if r > 0 else []
+            if back:
+                self.membership.readmit(back)
+                self._log(f"hetrain: machine(s) {', '.join(back)} healthy again: back in the job")
+            try:
+                sub = self.membership.next_cluster()
+                topo = build_topology(sub, cfg.comm.mode)
+            except UserError as err:
+                self._log(f"hetrain: job failed: no usable cluster without the machines left out "
+                          f"({', '.join(self.membership.left_out())}): {err}")
+                return self._end_job(1)
+            if len(topo.workers) < el.min_workers:
+                self._log(f"hetrain: job failed: {len(topo.workers)} worker machine(s) left "
+                          f"({', '.join(p.machine.name for p in topo.workers)}), fewer than --min-workers "
+                          f"{el.min_workers}; left out: {', '.join(self.membership.left_out())}")
+                return self._end_job(1)
+            if r == 0 and STOP_REQUESTED.is_set():  # asked to stop before any process started: nothing to save
+                self._log("hetrain: stop requested before the job started; relaunch to run it")
+                return self._end_job(EXIT_STOPPED)
+            names = [m.name for m in sub.machines]
+            # the round's admission nonce exists before any of its processes asks for it
+            self.store.set(f"{round_prefix(r)}/hetrain/nonce", uuid.uuid4().hex)
+            if self.multinode:
+                publish_round(self.store, r, names)
+            rstore = self._start_round(r, sub, topo)
+            what = (f"mode {cfg.comm.mode}, {len(topo.workers)} workers + {len(topo.servers)} summation servers "
+                    f"on {', '.join(names)}")
+            if r == 0:
+                node = "this node " if self.embedded else f"node 0 of {self.cluster.nnodes} "
+                self._log(f"hetrain: job {self.job_id}, {what}; {node}starts {len(self.children)} processes; "
+                          f"logs in {self.run_dir}")
+            else:
+                self._log(f"hetrain: round {r}: {what}")
+            last_chance = restarts >= el.max_restarts
+            res = self._monitor(r, rstore, topo, names, last_chance)
+            culprit = res.culprit.machine.name if res.culprit else None
+            if res.commits:
+                self.membership.progressed(names, culprit)
+            if res.kind == "done":
+                self._log(f"hetrain: all {len(topo.procs)} processes finished")
+                return self._end_job(0)
+            if res.kind == "stopped":
+                self._log("hetrain: job stopped at a checkpoint on request; relaunch to resume")
+                return self._end_job(EXIT_STOPPED)
+            if res.kind == "resize":
+                back = self.membership.ready_to_return()
+                self.membership.readmit(back)
+                self._log(f"hetrain: workers stopped at a commit for {', '.join(res.joining) or 'a membership change'}"
+                          " to join; starting the next round")
+                r += 1
+                continue
+            note = self.membership.blame(culprit, res.record) if culprit else None
+            if last_chance or STOP_REQUESTED.is_set():
+                tail = "\n".join(f"    {line}" for line in res.tail[-15:])
+                why = "" if not el.elastic else (" (stop requested)" if STOP_REQUESTED.is_set()
+                                                 else f" after {restarts} restart(s) (--max-restarts {el.max_restarts})")
+                self._log(f"hetrain: job failed{why}: {res.culprit_text}." + (f" Its last output:\n{tail}" if tail else ""))
+                return self._end_job(1)
+            restarts += 1
+            r += 1
+            self._log(f"hetrain: restart {restarts} of {el.max_restarts}: starting round {r} from the last commit"
+                      + (f"; {note}" if note else ""))
+
+    def _await_nodes(self) -> None:
+        """Round 0 starts when every node's launcher joined, or after the rendezvous
+        timeout without the missing ones (they join later, at a commit)."""
+        wait_s = max(60.0, self.cfg.comm.timeout_s)
+        end = time.monotonic() + wait_s
+        want = set(range(1, self.cluster.nnodes))
+        while set(self.node_instance) < want and time.monotonic() < end:
+            self._scan_joins()
+            time.sleep(0.2)
+        for node in sorted(want - set(self.node_instance)):
+            self.membership.node_lost(node)
+            self._log(f"hetrain: node {node}'s launcher did not join within {wait_s:.0f} s; starting without its "
+                      "machines (they join when it connects)")
+
+    def _scan_joins(self) -> None:
+        """Admit node launchers that prove the job secret; report any that do not."""
+        from .auth import check_join
+
+        n = int(self.store.add(JOINS, 0))
+        nonce = self.store.get("hetrain/nonce").decode()
+        while self._joins_seen < n:
+            k = join_key(self._joins_seen)
+            if not self.store.check([k]):  # counted but not written yet: look again soon
+                self._join_missing_since = self._join_missing_since or time.monotonic()
+                if time.monotonic() - self._join_missing_since < 5:
+                    return
+                self._joins_seen += 1
+                continue
+            self._joins_seen += 1
+            self._join_missing_since = None
+            req = JoinRequest.loads(self.store.get(k))
+            if req is None or not check_join(self.secret, nonce, req.node, req.instance, req.proof):
+                self._log(f"hetrain: refused a process that asked to join the job as node {getattr(req, 'node', '?')}: "
+                          "it does not prove this job's secret (HETRAIN_SECRET / --secret-file); the job goes on "
+                          "without it")
+                continue
+            if not 1 <= req.node < self.cluster.nnodes:
+                self._log(f"hetrain: refused a launcher that asked to join as node {req.node}: this job's nodes are "
+                          f"0..{self.cluster.nnodes - 1} and node 0 leads it")
+                continue
+            connected = req.node in self.node_instance
+            self.node_instance[req.node] = req.instance
+            if self.node_live is None:
+                self.node_live = Liveness(self.store, [], keyfmt=NODE_HB)
+            self.node_live.track(req.node)
+            self.membership.node_back(req.node)
+            if not connected:
+                seen = req.node in self._nodes_ever
+                self._nodes_ever.add(req.node)
+                self._log(f"hetrain: node {req.node}'s launcher {'reconnected' if seen else 'joined'}")
+
+    def _watch_nodes(self) -> list[int]:
+        """Nodes whose launcher stopped beating for the peer timeout: their machines
+        are out until it reconnects."""
+        if self.node_live is None:
+            return []
+        self.node_live.poll()
+        lost = self.node_live.hung(self.cfg.comm.timeout_s)
+        for node in lost:
+            self.node_live.forget(node)
+            self.node_instance.pop(node, None)
+            self.membership.node_lost(node)
+            self._log(f"hetrain: node {node}'s launcher stopped answering for {self.cfg.comm.timeout_s:.0f} s; "
+                      "its machines are out until it reconnects")
+        return lost
+
+    def _probe(self, name: str) -> bool:
+        """Independent evidence that a left-out machine of this host works again."""
+        if self.netns is not None:
+            return self.netns.link_up(name)
+        return True
+
+    def _pending(self, names: list[str]) -> list[str]:
+        """Machines that should join the running round at its next commit."""
+        want = set(self.membership.included()) | set(self.membership.ready_to_return())
+        return sorted(want - set(names))
+
+    def _monitor(self, r: int, rstore, topo: Topology, names: list[str], last_chance: bool) -> "RoundResult":
+        hang_s = self.cfg.comm.timeout_s
+        suspect_s = min(hang_s, max(3.0, hang_s / 3))
+        local = {c.proc.rank: c for c in self.children}
+        remote = [p.rank for p in topo.procs if p.rank not in local]
+        live = Liveness(rstore, [p.rank for p in topo.procs])
+        for c in self.children:
+            if self._host_pid(c) is not None:
+                live.watch_pid(c.proc.rank, self._host_pid(c))
+        exits: dict[int, tuple[int, bool]] = {}
+        texts: dict[int, str] = {}  # how a process of this node ended, in words
+
+        def how(k: int) -> str:
+            return texts.get(k) or _describe_exit(exits[k][0])
+
+        never_joined_checked = False
+        root: tuple[int, str] | None = None
+        consequence_since = None
+        deadline = None
+        joining: list[str] = []
+        next_poll = 0.0
+        while True:
+            now = time.monotonic()
+            for rank, c in local.items():
+                if rank not in exits and c.popen.poll() is not None:
+                    if c.reader:
+                        c.reader.join(timeout=2)  # its last lines decide whether it only lost a peer
+                    exits[rank] = (c.popen.returncode, _is_consequence(c))
+                    texts[rank] = self._exit_text(c)
+                    live.forget(rank)
+            if now >= next_poll:
+                next_poll = now + 0.5
+                live.poll()
+                for rank in remote:
+                    if rank not in exits:
+                        e = read_exit(rstore, rank)
+                        if e is not None:
+                            exits[rank] = e
+                            live.forget(rank)
+                self._scan_joins()
+                for node in self._watch_nodes():
+                    for p in topo.procs:
+                        if p.machine.node == node and p.rank not in exits:
+                            exits[p.rank] = (-signal.SIGKILL, False)
+                            live.forget(p.rank)
+                # a machine may join at a commit, but only once this round has made progress
+                # of its own (two commits: its first is where it resumed), so machines that
+                # come and go cannot keep the job restarting without training
+                if root is None and not joining and self.cfg.elastic.elastic and int(rstore.add(COMMITS, 0)) >= 2:
+                    joining = self._pending(names)
+                    if joining:
+                        rstore.set(RESIZE, ",".join(joining))
+                        self._log(f"hetrain: {', '.join(joining)} can join; asking the workers to stop at their next "
+                                  "commit")
+            if root is None:
+                failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE)}
+                real = [k for k, (_, cons) in failed.items() if not cons]  # in the order they were seen
+                hung = live.hung(hang_s)
+                if real:
+                    root = (real[0], f"died: {how(real[0])}")
+                elif hung:
+                    root = (hung[0], f"hung: {live.reason(hung[0])}")
+                elif failed:
+                    consequence_since = consequence_since or now
+                    suspects = live.hung(suspect_s)
+                    if suspects:
+                        root = (suspects[0], f"hung: {live.reason(suspects[0])}")
+                    elif now - consequence_since > CONSEQUENCE_WAIT_S:
+                        k = min(failed)
+                        root = (k, f"died: {how(k)}")
+                if root is not None:
+                    rank, record = root
+                    try:
+                        rstore.set(dead_key(rank), record)
+                    except Exception:
+                        pass
+                    kind, _, how = record.partition(": ")
+                    grace = hang_s + 5 if last_chance else min(hang_s, 5.0)
+                    if kind == "hung":
+                        self._log(f"hetrain: {topo.describe(rank)} stopped answering: {how}; stopping it")
+                        if rank in local:
+                            self._signal(local[rank], signal.SIGKILL)
+                    elif not _joined(rstore, rank):  # the others wait for it at the rendezvous: nothing to wait for
+                        self._log(f"hetrain: {topo.describe(rank)} exited ({how}) before the job formed; stopping "
+                                  "the others now")
+                        grace = 0.0
+                    else:
+                        self._log(f"hetrain: {topo.describe(rank)} failed ({how}); waiting up to {grace:.0f}s for "
+                                  "the others to stop")
+                    deadline = now + grace
+            if root is None and not never_joined_checked and all(w in exits for w in topo.worker_ranks):
+                never_joined_checked = True  # asked once, when the last worker has ended
+                workers_ok = all(exits[w][0] in (0, EXIT_STOPPED) for w in topo.worker_ranks)
+                if workers_ok and len(exits) < len(topo.procs) and \
+                        not any(_joined(rstore, w) for w in topo.worker_ranks):
+                    self._log("hetrain: every worker finished without joining the job (the script never called "
+                              "hetrain.init()); stopping the summation servers")
+                    self._stop_all(grace=3.0)
+                    if remote:
+                        self._teardown_remote(rstore, remote, exits)
+                    for k in range(len(topo.procs)):
+                        exits[k] = (0, False) if k not in topo.worker_ranks else exits[k]
+            if len(exits) == len(topo.procs):
+                break
+            if deadline is not None and now > deadline:
+                if any(c.popen.poll() is None for c in self.children):
+                    self._log("hetrain: some processes did not stop in time; terminating them")
+                self._stop_all(grace=3.0)
+                if remote:
+                    self._teardown_remote(rstore, remote, exits)
+                break
+            time.sleep(0.1)
+        for c in self.children:
+            if c.reader:
+                c.reader.join(timeout=5)
+        failed = {k: e for k, e in exits.items() if e[0] not in (0, EXIT_STOPPED, EXIT_RESIZE, -signal.SIGTERM)}
+        if root is None and failed:
+            k = min(failed, key=lambda k: (failed[k][1], k))
+            root = (k, f"died: {how(k)}")
+        try:
+            commits = int(rstore.add(COMMITS, 0))
+        except Exception:
+            commits = 0
+        res = RoundResult(names=names, commits=commits, joining=joining)
+        if root is not None:
+            rank, record = root
+            kind, _, how = record.partition(": ")
+            res.kind, res.culprit, res.record = "failed", topo.proc(rank), record
+            res.culprit_text = f"{topo.describe(rank)} ({'stopped answering: ' if kind == 'hung' else ''}{how})"
+            res.tail = list(local[rank].tail) if rank in local else []
+        else:
+            codes = {e[0] for e in exits.values()}
+            res.kind = "resize" if EXIT_RESIZE in codes else "stopped" if EXIT_STOPPED in codes else "done"
+        return res
+
+    def _teardown_remote(self, rstore, remote: list[int], exits: dict) -> None:
+        """Ask the other nodes' launchers to stop this round's processes; wait a little."""
+        try:
+            rstore.set(TEARDOWN, "1")
+        except Exception:
+            return
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(k not in exits for k in remote):
+            for k in remote:
+                if k not in exits:
+                    e = read_exit(rstore, k)
+                    if e is not None:
+                        exits[k] = e
+            time.sleep(0.2)
+
+    def _end_job(self, rc: int) -> int:
+        """Tell the other nodes' launchers the job is over (once)."""
+        if not self._job_over and self.store is not None and self.multinode and self.node_rank in (None, 0):
+            self._job_over = True
+            try:
+                self.store.set(JOB, str(rc))
+                # the store lives in this process: keep it up until the connected nodes read the end
+                nodes = list(getattr(self, "node_instance", {}))
+                end = time.monotonic() + 10
+                while nodes and time.monotonic() < end:
+                    nodes = [k for k in nodes if not self.store.check([f"{JOB}/ack/{k}"])]
+                    time.sleep(0.1)
+            except Exception:
+                pass
+        self._job_over = True
+        return rc
+
+    # ---- other nodes: follow the leader's rounds ---------------------------------------
+    def _follow(self) -> int:
+        from .auth import join_tag
+
+        cfg, store = self.cfg, self.store
+        node = self.node_rank
+        instance = uuid.uuid4().hex[:12]
+        nonce = store.get("hetrain/nonce").decode()
+
+        def join() -> None:
+            i = int(store.add(JOINS, 1)) - 1
+            store.set(join_key(i), JoinRequest(node, instance, join_tag(self.secret, nonce, node, instance)).dumps())
+
+        join()
+        beat = Heartbeat(self.master_addr, self.port, "", node, keyfmt=NODE_HB).start()
+        self._log(f"hetrain: node {node} joined job at {self.master_addr}:{self.port}; waiting for rounds")
+        store.set_timeout(timedelta(seconds=10))
+        current, rstore, posted = -1, None, set()
+        lost_since = None
+        left_out_since = None  # none of this node's machines runs: the leader may have dropped it
+        try:
+            while True:
+                try:
+                    if store.check([JOB]):
+                        rc = int(store.get(JOB).decode())
+                        store.set(f"{JOB}/ack/{node}", "1")
+                        self._stop_all(grace=3.0)
+                        self._log(f"hetrain: the job ended (exit code {rc})")
+                        return rc
+                    latest = latest_round(store)
+                    if latest > current:
+                        if self.children:
+                            self._stop_all(grace=3.0)
+                            self._post_exits(rstore, posted)
+                        current = latest
+                        sub = self.cluster.subset(round_machines(store, current))
+                        topo = build_topology(sub, cfg.comm.mode)
+                        posted = set()
+                        rstore = self._start_round(current, sub, topo)
+                        self._log(f"hetrain: round {current}: node {node} of {self.cluster.nnodes} starts "
+                                  f"{len(self.children)} processes")
+                        left_out_since = None if self.children else time.monotonic()
+                    if left_out_since is not None and time.monotonic() - left_out_since > 2 * cfg.comm.timeout_s:
+                        join()  # e.g. after a partition healed: prove the secret again to be counted
+                        left_out_since = time.monotonic()
+                    if rstore is not None:
+                        self._post_exits(rstore, posted)
+                        for c in self.children:
+                            if c.popen.poll() is None and rstore.check([dead_key(c.proc.rank)]):
+                                if rstore.get(dead_key(c.proc.rank)).decode().startswith("hung"):
+                                    self._signal(c, signal.SIGKILL)
+                        if any(c.popen.poll() is None for c in self.children) and rstore.check([TEARDOWN]):
+                            self._stop_all(grace=3.0)
+                            self._post_exits(rstore, posted)
+                    lost_since = None
+                except (RuntimeError, OSError) as err:  # the store (node 0) is unreachable
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since > max(cfg.comm.timeout_s, 30):
+                        self._log(f"hetrain: lost the job's master at {self.master_addr}:{self.port} ({err}); "
+                                  "stopping this node's processes")
+                        self._stop_all(grace=3.0)
+                        return 1
+                time.sleep(0.3)
+        finally:
+            beat.stop()
+
+    def _post_exits(self, rstore, posted: set) -> None:
+        for c in self.children:
+            if c.proc.rank not in posted and c.popen.poll() is not None:
+                if c.reader:
+                    c.reader.join(timeout=2)
+                post_exit(rstore, c.proc.rank, c.popen.returncode, _is_consequence(c))
+                posted.add(c.proc.rank)
+
+    # ---- output and teardown ------------------------------------------------------------
     def _pump(self, child: Child, idle_s: float = 0.2) -> None:
         """Forward a process's output as it arrives, one line per `\n`- or `\r`-ended
         piece: progress bars redraw with `\r`, so each redraw shows as its own line while
@@ -371,76 +803,6 @@ class Launcher:
         with self._print_lock:
             print(text, flush=True)
 
-    def _monitor(self, topo) -> int:
-        first: Child | None = None
-        deadline = None
-        while True:
-            running = [c for c in self.children if c.popen.poll() is None]
-            failed = [c for c in self.children if c.popen.returncode not in (None, 0, EXIT_STOPPED)]
-            # several may be seen failing in one poll: blame the root cause, not the
-            # processes that failed because they lost it
-            failed.sort(key=lambda c: (_is_consequence(c), c.proc.rank))
-            for c in failed[:1]:
-                code = c.popen.returncode
-                # blame the root cause: a process that failed because it lost a peer gives way to
-                # the peer when that one is seen later (a lost Ray node is reported after its survivors)
-                if first is None or (c is not first and _is_consequence(first) and not _is_consequence(c)):
-                    first = c
-                    try:
-                        self.store.set(f"hetrain/dead/{c.proc.rank}", str(code))
-                    except Exception:
-                        pass
-                    if self._joined(c.proc.rank):
-                        self._log(f"hetrain: {topo.describe(c.proc.rank)} failed ({self._exit_text(c)}); "
-                                  f"waiting up to {self.cfg.comm.timeout_s:.0f}s for the others to stop")
-                        deadline = time.monotonic() + self.cfg.comm.timeout_s + 5
-                    else:  # the others are waiting for it at the rendezvous: nothing to wait for
-                        self._log(f"hetrain: {topo.describe(c.proc.rank)} exited ({self._exit_text(c)}) before "
-                                  "the job formed; stopping the others now")
-                        self._stop_all(grace=3.0)
-            if first is None and running and self._workers_left_without_joining():
-                self._log("hetrain: every worker finished without joining the job (the script never called "
-                          "hetrain.init()); stopping the summation servers")
-                self._stop_all(grace=3.0)
-                break
-            if not running:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                self._log("hetrain: some processes did not stop in time; terminating them")
-                self._stop_all(grace=5.0)
-                break
-            time.sleep(0.1)
-        for c in self.children:
-            if c.reader:
-                c.reader.join(timeout=5)
-        if first is None:
-            if any(c.popen.returncode == EXIT_STOPPED for c in self.children):
-                self._log("hetrain: job stopped at a checkpoint on request; relaunch to resume")
-                return EXIT_STOPPED
-            self._log(f"hetrain: all {len(self.children)} processes finished")
-            return 0
-        tail = "\n".join(f"    {line}" for line in list(first.tail)[-15:])
-        self._log(f"hetrain: job failed: {topo.describe(first.proc.rank)} ({self._exit_text(first)}). "
-                  f"Its last output:\n{tail}")
-        return 1
-
-    def _joined(self, rank: int) -> bool:
-        """Whether `rank` got past the rendezvous (hetrain.init() marks it in the store);
-        True when the store cannot say, so the ordinary timeout applies."""
-        try:
-            return bool(self.store.check([f"hetrain/joined/{rank}"]))
-        except Exception:
-            return True
-
-    def _workers_left_without_joining(self) -> bool:
-        workers = [c for c in self.children if c.proc.role == "worker"]
-        if not workers or any(c.popen.returncode is None for c in workers) or self._server_check_done:
-            return False
-        self._server_check_done = True  # asked once, when the last worker has ended
-        servers = any(c.proc.role == "server" and c.popen.returncode is None for c in self.children)
-        return servers and all(c.popen.returncode in (0, EXIT_STOPPED) for c in workers) and \
-            not any(self._joined(c.proc.rank) for c in workers)
-
     def _stop_all(self, grace: float) -> None:
         alive = [c for c in self.children if c.popen.poll() is None]
         for c in alive:
@@ -454,16 +816,40 @@ class Launcher:
                 c.popen.wait()
 
 
+@dataclass
+class RoundResult:
+    kind: str = "done"  # done | stopped | resize | failed
+    culprit: Proc | None = None
+    record: str = ""  # "died: how" | "hung: why"
+    culprit_text: str = ""
+    tail: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    commits: int = 0
+    joining: list[str] = field(default_factory=list)
+
+
+def _joined(rstore, rank: int) -> bool:
+    """Whether `rank` got past the rendezvous (hetrain.init() marks it in the round's
+    store); True when the store cannot say, so the ordinary grace applies."""
+    try:
+        return bool(rstore.check([f"hetrain/joined/{rank}"]))
+    except Exception:
+        return True
+
+
 def process_env(cfg: LaunchConfig, p: Proc, world_size: int, cluster: ClusterSpec, master_addr: str, port: int,
                 job_id: str, secret: str, run_dir: str, ratelimit_dir: str | None = None, *,
-                local_rank: int = 0, local_world_size: int = 1, threads: int | None = None) -> dict[str, str]:
+                local_rank: int = 0, local_world_size: int = 1, threads: int | None = None,
+                restart: int = 0) -> dict[str, str]:
     """hetrain's variables for one process of a job, to lay over the environment of the
     machine it runs on (`full_env`). The one place that says what a process is told.
     `local_rank`/`local_world_size`: its place among the processes its launcher starts
-    (torchrun's LOCAL_RANK); `threads`: the cores the cluster file gives it."""
+    (torchrun's LOCAL_RANK); `threads`: the cores the cluster file gives it; `restart`:
+    the job's round (0 first, then one more per restart or resize)."""
     env = dict(cfg.extra_env)
     env.update(ProcEnv(p.rank, world_size, master_addr, port, job_id, cluster.model_dump_json(), cfg.comm,
-                       run_dir, local_rank=local_rank, local_world_size=local_world_size).to_environ(secret))
+                       run_dir, local_rank=local_rank, local_world_size=local_world_size,
+                       restart=restart).to_environ(secret))
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     if ratelimit_dir:

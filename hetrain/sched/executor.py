@@ -8,8 +8,8 @@ emulated GPU pool), `ray` asks a Ray cluster for the GPUs of each decision
 (`hetrain launch --ray`: a placement group of GPU bundles of the decided type, given
 back when the job stops). Every decision (start, resize, change of GPU type, stop) is
 applied the same way: SIGUSR1 to the job's launcher, which passes it to the ranks;
-they agree on a step boundary, checkpoint atomically and exit with EXIT_STOPPED, and
-the job restarts at its new allocation from the checkpoint.
+they agree on a step boundary, commit their elastic state atomically and exit with
+EXIT_STOPPED, and the job restarts at its new allocation from the commit.
 
 Fit, then schedule (as AdaptDL does): rank 0 reports the seconds each step spends
 computing and communicating; before every decision the executor re-fits each job's
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,8 +248,9 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
             raise UserError(f"job {s.name}: batch {s.batch} must divide by every size up to {s.max_gpus}")
         d = workdir / s.name
         d.mkdir(parents=True, exist_ok=True)
-        for f in ("checkpoint.pt", "progress", "stats.jsonl", "launcher.log"):
+        for f in ("progress", "stats.jsonl", "launcher.log"):
             (d / f).unlink(missing_ok=True)
+        shutil.rmtree(d / "elastic", ignore_errors=True)  # the job's commits (hetrain.elastic.State)
         prior = RingCurve({t: s.compute_s / speeds[t] for t in cluster.names}, model_bytes=model_bytes(),
                           bandwidth=PRIOR_BANDWIDTH, max_g=s.max_gpus)
         job = make_job(i, s.name, s.arrival, s.steps, prior, cluster, max_gpus=s.max_gpus,
@@ -327,8 +329,8 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
                     if r.live:
                         r.samples.append(r.live)
                         r.live = None
-                    if code == -signal.SIGUSR1 and read_progress(r.dir).step >= r.spec.steps:
-                        code = 0  # it had finished when a late stop request reached its exiting launcher
+                    if code in (-signal.SIGUSR1, EXIT_STOPPED) and read_progress(r.dir).step >= r.spec.steps:
+                        code = 0  # it had finished when a late stop request reached it (its last commit says done)
                     if code == 0:
                         r.finish = time.time() - t0
                         finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))
@@ -484,8 +486,9 @@ def fit_sweep(sizes: Sequence[int] = (1, 2, 4), steps: int = 16, compute_s: floa
         for g in sizes:
             d = root / f"fit-{g}"
             d.mkdir(parents=True, exist_ok=True)
-            for f in ("checkpoint.pt", "progress", "launcher.log"):
+            for f in ("progress", "launcher.log"):
                 (d / f).unlink(missing_ok=True)
+            shutil.rmtree(d / "elastic", ignore_errors=True)
             proc = launch_job(d, g, ["--steps", str(steps), "--compute-s", str(compute_s)], backend=backend,
                               gpu_type=gpu_type)
             if proc.wait() != 0:

@@ -23,6 +23,11 @@ def parse_trace_lines(lines, cluster: Inventory, source: str = "<trace>", restar
     curves = load_throughputs(throughputs)
     jobs: list[Job] = []
     for lineno, raw in enumerate(lines, start=1):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TraceError(f"{source}:{lineno}: the line is not UTF-8 text") from None
         line = raw.rstrip("\n").rstrip("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -72,5 +77,5 @@ def load_trace(path: str | Path, cluster: Inventory, **kw) -> list[Job]:
     if not path.is_file():
         raise TraceError(f"trace file {path} does not exist (shipped traces, usable by name: "
                          f"{', '.join(bundled_traces())})")
-    with path.open() as fh:
+    with path.open("rb") as fh:  # bytes: a line that is not UTF-8 is reported by number
         return parse_trace_lines(fh, cluster, source=str(path), **kw)

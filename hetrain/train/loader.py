@@ -123,7 +123,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
         self.logger = logger
-        self.epoch = 0
+        self._running = 0  # the step handed out last (its index in the epoch)
         self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
         self.last_rows: np.ndarray | None = None
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
@@ -153,6 +153,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
     def _on_step(self, *_args) -> None:
         if self._open is not None and self._hook_end is None:
             self._hook_end = (self._now(), self._stats())
+            self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
 
     def _begin(self, samples: int) -> None:
         self._ensure_hook()
@@ -208,25 +209,73 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         n, b = self.sampler.num_samples, self.sampler.global_batch
         return n // b if self.drop_last else -(-n // b)
 
+    # -- position in the data (committed by an elastic job)
+    @property
+    def epoch(self) -> int:
+        """The epoch the position is in."""
+        return self.sampler.epoch
+
+    @property
+    def step(self) -> int:
+        """Steps of `epoch` done: their updates applied (the wrapped optimizer's step
+        returned) or the next step asked for. `len(self)`: the epoch is over."""
+        return self.sampler.step
+
+    def state_dict(self) -> dict:
+        """The position (epoch, step) and what fixes the data order (seed, sizes). Shares
+        are not kept: a restored job measures its own workers afresh."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a position `state_dict` gave: the next iteration yields the
+        remaining steps of its epoch, cut by the shares of this run's workers (the
+        global batches depend on (seed, epoch, step) only, so every remaining sample of
+        the epoch is still seen exactly once, whatever the number of workers)."""
+        self.sampler.load_state_dict(state)
+
     def set_epoch(self, epoch: int) -> None:
-        """The next iteration runs this epoch (default: one more than the last)."""
-        self.epoch = int(epoch)
+        """The next iteration runs this epoch from its start (default: the epoch after
+        the last, or the rest of a restored one; setting the restored epoch keeps its
+        position)."""
+        pos = self.sampler
+        if int(epoch) != pos.epoch or pos.step >= len(self):
+            pos.epoch, pos.step = int(epoch), 0
+
+    def epochs(self, num_epochs: int):
+        """Epoch numbers from the position on, below `num_epochs`:
+        `for epoch in loader.epochs(N): for x, y in loader: ...` runs the epochs left
+        (after a restore, the rest of the committed one first)."""
+        pos = self.sampler
+        while True:
+            if pos.step >= len(self):
+                pos.epoch, pos.step = pos.epoch + 1, 0
+            if pos.epoch >= num_epochs:
+                return
+            epoch = pos.epoch
+            yield epoch
+            if pos.epoch == epoch and pos.step < len(self):  # the loop left the epoch early: on to the next
+                pos.epoch, pos.step = epoch + 1, 0
 
     def _index_arrays(self):
-        epoch = self.epoch
-        self.epoch += 1
+        pos = self.sampler
+        if pos.step >= len(self):  # the last epoch ran to its end: on to the next
+            pos.epoch, pos.step = pos.epoch + 1, 0
+        epoch, start = pos.epoch, pos.step
         order = self.sampler.order(epoch)
         gb, me = self.sampler.global_batch, self.group.rank
-        for s in range(len(self)):
-            if s:
+        for s in range(start, len(self)):
+            if s > start:
                 self._end()
+                pos.step = s  # the step before is over
             batch = order[s * gb: (s + 1) * gb]
             sizes = self.balancer.sizes if len(batch) == gb else self.balancer.shares_for(len(batch))
             bounds = np.concatenate([[0], np.cumsum(sizes)])
             mine = batch[bounds[me]: bounds[me + 1]]
+            self._running = s
             self._begin(len(mine))
             yield mine
         self._end()
+        pos.step = len(self)
 
     def __iter__(self):
         for idx in self._index_arrays():
@@ -338,6 +387,24 @@ class BalancedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.batches.set_epoch(epoch)
+
+    # -- position (see BalancedBatchSampler): hetrain.elastic.State(loader=loader) commits it
+    @property
+    def epoch(self) -> int:
+        return self.batches.epoch
+
+    @property
+    def step(self) -> int:
+        return self.batches.step
+
+    def epochs(self, num_epochs: int):
+        return self.batches.epochs(num_epochs)
+
+    def state_dict(self) -> dict:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state)
 
     def finish(self) -> None:
         """See `BalancedBatchSampler.finish`: call on every worker after the last step."""

@@ -4,6 +4,12 @@ Every epoch is one seeded permutation cut into global batches; each global batch
 cut into per-worker slices by the current shares (largest remainder, so slices add
 up exactly). Hence every sample is seen exactly once per epoch whatever the shares,
 every worker runs the same number of steps, and shares may change between steps.
+
+The sampler also keeps the job's position in the data (epoch, step within it), which
+an elastic job commits (`hetrain.train.elastic.State(sampler=...)`). Global batch `s`
+of epoch `e` depends on (seed, e, s) only, never on the number of workers, so a job
+restored mid-epoch on more or fewer workers sees every remaining sample of the epoch
+exactly once: the restored position, re-split by the new shares.
 """
 from __future__ import annotations
 
@@ -20,6 +26,43 @@ class GlobalBatchSampler:
         self.global_batch = global_batch
         self.num_workers = num_workers
         self.seed = seed
+        self.epoch = 0  # position: the next step to run is `step` of `epoch`
+        self.step = 0
+
+    # ---- the position (committed by an elastic job) -------------------------------------
+    def epochs(self, num_epochs: int):
+        """Epochs from the current position on. The position moves to the next epoch
+        when the loop comes back for it (after the epoch's own end-of-epoch work)."""
+        while self.epoch < num_epochs:
+            yield self.epoch
+            self.epoch += 1
+            self.step = 0
+
+    def steps(self):
+        """Steps of the current epoch from the current position on. The position moves
+        past a step when the loop comes back for the next one, so commit at the top of
+        a step: the committed position is the step not run yet."""
+        while self.step < self.steps_per_epoch():
+            yield self.step
+            self.step += 1
+
+    @property
+    def global_step(self) -> int:
+        return self.epoch * self.steps_per_epoch() + self.step
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "num_samples": self.num_samples, "global_batch": self.global_batch,
+                "epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        from ..errors import UserError
+
+        for k in ("seed", "num_samples", "global_batch"):
+            if int(state[k]) != getattr(self, k):
+                raise UserError(f"the committed data position was taken with {k}={state[k]}, this run has "
+                                f"{k}={getattr(self, k)}: the data order would differ; resume with the same {k} or "
+                                "start in a fresh run directory")
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
     def steps_per_epoch(self) -> int:
         return -(-self.num_samples // self.global_batch)

@@ -185,3 +185,49 @@ def test_bad_arguments_are_user_errors():
     with pytest.raises(UserError, match="memory_per_sample=BYTES"):
         BalancedLoader((torch.zeros(10, 3),), 4, device="cpu", group=ThreadGroup(1).group(0),
                        model=torch.nn.Linear(5, 2))
+
+
+def test_position_resumes_mid_epoch_on_another_number_of_workers():
+    """A position committed after a step (the optimizer's step hook moved it) resumes with
+    the next step; on a different number of workers the rest of the epoch is every
+    remaining sample once, and the epochs left follow."""
+    data = torch.arange(40)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    def make(group, optimizer=None):
+        return BalancedLoader(torch.utils.data.TensorDataset(data), 8, device="cpu", group=group, seed=3,
+                              optimizer=optimizer)
+
+    first = make(ThreadGroup(1).group(0), opt)
+    seen, saved = [], None
+    for epoch in first.epochs(3):
+        for (x,) in first:
+            seen.append((epoch, x.tolist()))
+            opt.step()  # the update is applied: the position is past this step
+            if (epoch, first.step) == (1, 2):
+                saved = first.state_dict()
+                break
+        if saved is not None:
+            break
+    assert saved["epoch"] == 1 and saved["step"] == 2 and len(seen) == 5 + 2
+
+    def body(rank, loader):
+        loader.load_state_dict(saved)
+        got = []
+        for epoch in loader.epochs(3):
+            got.append((epoch, [x.tolist() for (x,) in loader]))
+        return got, loader.state_dict()
+
+    res = run_workers(2, make, body)
+    epochs = [e for e, _ in res[0][0]]
+    assert epochs == [1, 2] and [e for e, _ in res[1][0]] == epochs
+    rest = sorted(i for r in range(2) for b in res[r][0][0][1] for i in b)
+    done = [i for e, b in seen if e == 1 for i in b]
+    assert sorted(done + rest) == list(range(40))  # epoch 1: the 2 steps before the commit, then the rest once
+    assert sorted(i for r in range(2) for b in res[r][0][1][1] for i in b) == list(range(40))
+    assert (res[0][1]["epoch"], res[0][1]["step"]) == (3, 0)  # past the end: a restart would train no more
+    resumed = make(ThreadGroup(1).group(0))
+    resumed.load_state_dict(res[0][1])
+    assert list(resumed.epochs(3)) == []
+    with pytest.raises(Exception, match="seed=3"):
+        make(ThreadGroup(1).group(0)).batches.load_state_dict({**saved, "seed": 4})

@@ -9,6 +9,7 @@ import torch
 
 from hetrain.sched.executor import RealJobSpec, compare, launch_job
 from hetrain.sched.job import Alloc
+from hetrain.train.elastic import load_committed
 from hetrain.sched.worker import EXIT_STOPPED, global_batch
 from hetrain.sched.worker import main as worker_main
 
@@ -19,6 +20,12 @@ def _launch(job_dir: Path, world: int, compute_s: float = 0.0):
     """One job through hetrain's launcher (a list, to keep the waiting code uniform)."""
     return [launch_job(job_dir, world, ["--steps", str(STEPS), "--seed", "7", "--compute-s", str(compute_s)],
                        quiet=False)]
+
+
+def _committed(job_dir: Path) -> dict:
+    """The job's last commit, flattened: step, done and the model's state_dict."""
+    c = load_committed(job_dir / "elastic")
+    return {**c["values"], "model": c["objects"]["model"]}
 
 
 def _wait(procs, timeout=120):
@@ -48,7 +55,7 @@ def test_stopped_and_resumed_job_matches_uninterrupted_run(tmp_path):
         p.send_signal(signal.SIGUSR1)
     codes, errs = _wait(el)
     assert codes == [EXIT_STOPPED], errs  # the launcher reports the clean stop of both ranks
-    mid = torch.load(el_dir / "checkpoint.pt", weights_only=True)
+    mid = _committed(el_dir)
     assert 3 <= mid["step"] < STEPS and not mid["done"]
     codes, errs = _wait(_launch(el_dir, 1))
     assert codes == [0], errs
@@ -59,8 +66,7 @@ def test_stopped_and_resumed_job_matches_uninterrupted_run(tmp_path):
     finally:
         for sig, h in saved.items():
             signal.signal(sig, h)
-    a = torch.load(ref_dir / "checkpoint.pt", weights_only=True)
-    b = torch.load(el_dir / "checkpoint.pt", weights_only=True)
+    a, b = _committed(ref_dir), _committed(el_dir)
     assert a["done"] and b["done"] and a["step"] == b["step"] == STEPS
     for k in a["model"]:
         torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-5, atol=1e-6)
@@ -91,5 +97,5 @@ def test_executor_runs_workload_and_measures_restarts(tmp_path):
     assert all(r["measured_s"] > 0 and r["fitted_s"] > 0 and r["steps"] > 0 for r in real["step_times"])
     assert {"compute:cpu", "bandwidth"} <= set(real["fits"]["a"]["measured"])
     assert out["sim_s"] > 0 and out["restart_s"] == pytest.approx(real["restart_costs_s"][0])
-    ck = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    ck = _committed(tmp_path / "a")
     assert ck["done"] and ck["step"] == 12
