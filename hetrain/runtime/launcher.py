@@ -150,6 +150,16 @@ def check_entry_point(argv: list[str]) -> None:
         raise UserError(f"training script {argv[0]} does not exist{where}; check the path, or use -m for a module")
 
 
+def _listen_fd_backend() -> dict:
+    """TCPStore arguments for serving on a socket of ours (`master_listen_fd`): the libuv
+    backend, PyTorch's default from 2.4, takes such a socket only from 2.8 on; before
+    that the classic backend (`use_libuv=False`, a parameter since 2.2) does."""
+    import torch
+
+    version = torch.torch_version.TorchVersion(torch.__version__)
+    return {"use_libuv": False} if "2.2" <= version < "2.8" else {}
+
+
 def _is_local_address(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback or iface_for_address(addr) is not None
@@ -274,7 +284,7 @@ class Launcher:
             self._listen_sock = sock  # TCPStore serves on this socket's fd: keep it open for the whole job
             port = sock.getsockname()[1]
             store = dist.TCPStore(master_addr, port, None, True, timeout=timeout, wait_for_workers=False,
-                                  master_listen_fd=sock.fileno())
+                                  master_listen_fd=sock.fileno(), **_listen_fd_backend())
             store.set("hetrain/nonce", uuid.uuid4().hex)
         else:
             port = cfg.master_port
