@@ -196,22 +196,28 @@ def _spread_median(per_rank_times, sizes, skip) -> float:
     return float(np.median(out)) if out else float("nan")
 
 
-def real(tmp, q) -> dict:
-    """Real compute, no cost model, no sleeps: 3 workers train a width-W digits MLP; worker
-    i repeats its real forward and backward w_i = 1, 2, 4 times (a device w_i times slower
-    in every part of its compute). hetrain with measured shares, hetrain with equal shares
+def real(tmp, q, work=(1, 2, 4), pinned: bool = False) -> dict:
+    """Real compute, no cost model, no sleeps: len(work) workers train a width-W digits MLP;
+    worker i repeats its real forward and backward w_i times (a device w_i times slower in
+    every part of its compute). hetrain with measured shares, hetrain with equal shares
     (same measurement) and PyTorch DDP with equal shares run interleaved in one launch
-    (mode allreduce: no server processes), so the host's load drifts hit all three alike."""
-    work, width, gb = [1, 2, 4], 512, 512
+    (mode allreduce: no server processes), so the host's load drifts hit all three alike.
+    `pinned`: every worker gets a core of its own (`threads: 1`), as on a cluster where each
+    worker has its own device; otherwise the workers share the host's cores."""
+    work, width, gb = list(work), 512, 512
     steps, skip, reps = (30, 12, 2) if q else (50, 16, 3)
     load_before = os.getloadavg()
-    cl = _cluster([{"speed": 1.0}] * 3, cpus=0)
+    cl = _cluster([{"speed": 1.0}] * len(work), cpus=0)
+    if pinned:
+        for m in cl["machines"]:
+            m["threads"] = 1
     args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0",
             "--repeats", str(reps), "--interleave", "balanced,equal,ddp",
             "--work", ",".join(map(str, work)), "--width", str(width), "--lr", "0.05"]
-    res = _launch(tmp, "real", cl, "allreduce", args, limit=1800)
+    res = _launch(tmp, "real-pinned" if pinned else "real", cl, "allreduce", args, limit=1800)
     load_after = os.getloadavg()
     out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip, "repeats": reps,
+           "pinned": pinned, "cores": len(os.sched_getaffinity(0)),
            "mode": res["mode"], "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
            "host": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]}}
     for kind in ("balanced", "equal", "ddp"):
@@ -246,6 +252,29 @@ def real(tmp, q) -> dict:
     return out
 
 
+def _real_table(r: dict) -> None:
+    where = ("each worker pinned to a core of its own" if r.get("pinned") else
+             f"{len(r['work'])} workers sharing {r['cores']} cores")
+    print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, mode "
+          f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
+          f"{where}; host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
+          f"{r['host']['loadavg_1min_after']:.1f}) ==")
+    print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  mean shares")
+    for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
+                     ("ddp", "PyTorch DDP equal shares")):
+        x = r[k]
+        f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
+        print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
+              f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['mean_shares']}")
+    bound = ("" if r.get("pinned") or r["cores"] >= len(r["work"]) else
+             f"; with {r['cores']} cores shared by {len(r['work'])} workers the bound is the total work per step: "
+             f"{r['core_sharing_bound']:.2f}x at these mean shares")
+    print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
+          f"(ideal with a core per worker {r['ideal_speedup']:.2f}x{bound}). spread: median over steps of the slowest "
+          f"worker's compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
+          f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats and a lower accuracy target (~5 min)")
@@ -276,6 +305,12 @@ def main(argv=None) -> int:
             print("real: real compute, work 1, 2, 4 (repeated real forward/backward); balanced vs equal vs DDP",
                   flush=True)
             out["real"] = real(tmp, a.quick)
+            cores = len(os.sched_getaffinity(0))
+            if cores >= 2:
+                work = [1, 2, 4][:min(3, cores)]
+                print(f"real, a core per worker: work {', '.join(map(str, work))}, each worker pinned (threads: 1)",
+                      flush=True)
+                out["real_pinned"] = real(tmp, a.quick, work=work, pinned=True)
     _table(out)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
@@ -316,25 +351,9 @@ def _table(out: dict) -> None:
         for r in out["quant"]:
             print(f"{r['codec']:<7}{r['bytes_per_step']:>12.0f}{r['bytes_ratio']:>8.3f}{r['accuracy']:>10.4f}"
                   f"{r['accuracy_drop_points']:>10.2f}")
-    if "real" in out:
-        r = out["real"]
-        print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, mode "
-              f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
-              f"host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
-              f"{r['host']['loadavg_1min_after']:.1f}) ==")
-        print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  mean shares")
-        for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
-                         ("ddp", "PyTorch DDP equal shares")):
-            x = r[k]
-            f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
-            print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
-                  f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['mean_shares']}")
-        print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
-              f"(ideal with a core per worker {r['ideal_speedup']:.2f}x; with {r['host']['cpus']} cores shared by "
-              f"{len(r['work'])} workers the bound is the total work per step: "
-              f"{r['core_sharing_bound']:.2f}x at these mean shares). spread: median over steps of the slowest worker's "
-              f"compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
-              f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
+    for key in ("real", "real_pinned"):
+        if key in out:
+            _real_table(out[key])
     for n in out.get("notes", []):
         print("note:", n)
 
