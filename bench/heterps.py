@@ -31,7 +31,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -124,9 +123,7 @@ def main() -> int:
         return 1
     from hetrain.pipeline.spec import RunSpec
     spec = RunSpec.load(Path(r["run_dir"]) / "spec.json")
-    t0 = time.perf_counter()
     single = train_single(spec)
-    single_s = time.perf_counter() - t0
     auc = {"pipeline": evaluate_auc(assemble(spec, spec.steps), spec), "single": evaluate_auc(single, spec),
            "ceiling": CTRData(spec.data).ceiling_auc, "samples": spec.steps * spec.batch}
 

@@ -83,7 +83,6 @@ class NetnsCluster:
             self._created.append(["ip", "link", "del", self.bridge])
             _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", self.bridge])
             _run(["ip", "link", "set", self.bridge, "up"])
-            lat = self.cluster.network.latency_ms
             machines = []
             for i, m in enumerate(self.cluster.machines):
                 ns, inner, outer = f"het{self.slot}m{i}", f"hv{self.slot}m{i}", f"hp{self.slot}m{i}"

@@ -61,7 +61,7 @@ class _Adam:
 
 def layer_features(problem: Problem) -> np.ndarray:
     w, H = problem.workload, problem.tables.hourly
-    L, R = w.n_layers, w.n_types
+    L = w.n_layers
     idx = np.arange(L)
     single = H[idx, idx + 1, :]                                    # (L, R) $/h as a lone stage
     fin = np.isfinite(single)

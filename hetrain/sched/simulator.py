@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ..cluster.hardware import Inventory
-from .job import Alloc, Allocation, Job
+from .job import Allocation, Job
 from .policies import Policy, check_allocation, get_policy
 
 _EPS = 1e-9
