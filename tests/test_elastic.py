@@ -240,3 +240,29 @@ def test_proc_state_sees_a_stopped_process():
         child.kill()
         child.wait()
     assert proc_state(child.pid) is None
+
+
+_EXIT_WHILE_BEATING = """
+import atexit, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from hetrain.runtime.heartbeat import Heartbeat, mark_leaving
+store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=5), wait_for_workers=False)
+# beats back to back: at exit the thread is almost surely inside a store call
+beat = Heartbeat("127.0.0.1", store.port, "", 0, interval=0.0).start()
+atexit.register(mark_leaving, store, 0, beat)  # as hetrain.init registers it
+time.sleep(0.2)
+assert beat.beats > 0
+"""
+
+
+def test_a_process_exits_cleanly_while_its_heartbeat_beats():
+    """The heartbeat's thread ends before the interpreter finalises: a daemon thread
+    still inside a store call then is ended with a forced unwind through torch's C++
+    frames, which aborts the process (SIGABRT, "terminate called without an active
+    exception"), and the launcher would report a finished rank as failed."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for _ in range(8):  # without the join, 4 in 10 such exits abort (100% without stopping the beat)
+        proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BEATING], capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr[-2000:]

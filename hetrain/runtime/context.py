@@ -209,7 +209,8 @@ def init() -> Context:
         store = dist.PrefixStore(env.store_prefix, client)  # this round's keys only
         # beat from here on: a process that hangs even in the rendezvous below is named
         heartbeat = Heartbeat(env.master_addr, env.master_port, env.store_prefix, env.rank).start()
-        atexit.register(mark_leaving, store, env.rank)  # finalising is silent: tell the launcher it is expected
+        # finalising is silent: tell the launcher it is expected, and end the heartbeat's thread first
+        atexit.register(mark_leaving, store, env.rank, heartbeat)
         admit(store, load_secret(), env.rank, env.world_size, rendezvous)
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))

@@ -44,13 +44,17 @@ def key(rank: int) -> str:
     return KEY.format(rank)
 
 
-def mark_leaving(store, rank: int) -> None:
-    """Called at interpreter exit (atexit): from here on silence is expected."""
+def mark_leaving(store, rank: int, heartbeat: "Heartbeat | None" = None) -> None:
+    """Called at interpreter exit (atexit): from here on silence is expected. Then the
+    heartbeat stops, and its thread ends before the interpreter finalises (see
+    `Heartbeat.stop`); a beat in flight takes at most the heartbeat store's timeout."""
     try:
         store.set_timeout(timedelta(seconds=2))
         store.set(LEAVING.format(rank), "1")
     except Exception:
         pass
+    if heartbeat is not None:
+        heartbeat.stop(join_s=heartbeat.timeout_s + 1.0)
 
 
 class Heartbeat:
@@ -65,6 +69,7 @@ class Heartbeat:
                  keyfmt: str = KEY):
         self.host, self.port, self.prefix, self.rank, self.interval = host, port, prefix, rank, interval
         self.key = keyfmt.format(rank)
+        self.timeout_s = max(5.0, 5 * interval)  # the longest one beat may take
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"hetrain-heartbeat-{rank}", daemon=True)
         self.beats = 0
@@ -73,13 +78,21 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
+        """Stop beating; with `join_s`, wait up to that long for the thread to end.
+
+        At interpreter exit the thread must be gone before Python finalises: a daemon
+        thread still inside a store call then (the C++ client, GIL released) is ended by
+        the interpreter with a forced unwind through torch's C++ frames, which aborts the
+        whole process ("terminate called without an active exception")."""
         self._stop.set()
+        if join_s > 0 and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(join_s)
 
     def _connect(self):
         import torch.distributed as dist
 
-        client = dist.TCPStore(self.host, self.port, None, False, timeout=timedelta(seconds=max(5.0, 5 * self.interval)))
+        client = dist.TCPStore(self.host, self.port, None, False, timeout=timedelta(seconds=self.timeout_s))
         return dist.PrefixStore(self.prefix, client) if self.prefix else client
 
     def _loop(self) -> None:

@@ -753,7 +753,7 @@ class Launcher:
                         return 1
                 time.sleep(0.3)
         finally:
-            beat.stop()
+            beat.stop(join_s=beat.timeout_s + 1.0)  # gone before the interpreter finalises (Heartbeat.stop)
 
     def _post_exits(self, rstore, posted: set) -> None:
         for c in self.children:
