@@ -37,6 +37,18 @@ def test_killed_worker_is_named_and_nothing_hangs(launch):
     assert "unreachable" not in log
 
 
+@pytest.mark.slow
+def test_exception_on_one_rank_ends_the_job_and_names_it(launch):
+    # limit=60 is the hang detector: a rank that took a last barrier at exit would wait for
+    # its peers (stuck in push_pull, waiting for it) until the 80 s operation timeout
+    rc, log, _ = launch("raise_mid_step.py", cluster=small_cluster(workers=3, cpus=1), timeout=20, limit=60)
+    assert rc != 0
+    assert "ValueError: bad batch on rank 1" in log
+    assert "rank 1 (worker on machine w1) failed (exit code 1)" in log, log
+    assert "leaving the job" not in log  # it did not wait for the others on its way out
+    assert "unreachable" not in log
+
+
 def test_wrong_secret_is_refused():
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
     store.set("hetrain/nonce", "n0")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -240,7 +241,24 @@ def init() -> Context:
                    bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
                    device=device, backends=backends, nccl_group=nccl_group, local_groups=local_groups,
                    local_ranks=local_ranks, heartbeat=heartbeat)
+    _no_goodbye_after_a_crash(_CTX)
     return _CTX
+
+
+def _no_goodbye_after_a_crash(ctx: Context) -> None:
+    """An uncaught exception marks the context failed before the exit handlers run, so
+    this process leaves without the orderly goodbye (the engine's stop announcement and
+    the last barrier): its peers are mid-step, waiting for it, and would either wait for
+    that barrier until the operation timeout or read the announcement as a worker that
+    ran fewer steps. It simply exits; the launcher names it and its peers' calls fail
+    at once, naming it too."""
+    previous = sys.excepthook
+
+    def hook(etype, value, tb):
+        ctx.failed = True
+        previous(etype, value, tb)
+
+    sys.excepthook = hook
 
 
 def _join_torchrun(env: ProcEnv, iface: str | None, timeout: float):
