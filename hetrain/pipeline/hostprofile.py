@@ -95,6 +95,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _standalone(device: torch.device, cfg: CTRModelConfig):
+    """The runtime's model on `device` with its sparse tables in one in-process shard:
+    (wire, model, shard layout, shard), what a stage needs to run without other processes."""
+    wire = wire_for(device, "profiling")
+    model = cfg.build()
+    model.train()
+    layout = ShardLayout([cfg.rows] * cfg.n_tables, 1)
+    full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
+    return wire, model, layout, ShardState(full.clone(), SparseOptim())
+
+
 def data_time_per_sample(data: CTRData, micro_batch: int, batches: int = 8) -> float:
     """Seconds per sample to generate the training stream (chunks included)."""
     t0 = time.perf_counter()
@@ -113,12 +124,7 @@ def runtime_layer_times(device: torch.device | str, micro_batch: int, threads: i
     device = torch.device(device)
     # a CPU type's process: `threads` pinned cores; a GPU stage's: one thread, unpinned (as the worker runs)
     with _cpu_threads(threads or 1, pin=device.type == "cpu" and bool(threads)):
-        wire = wire_for(device, "profiling")
-        model = cfg.build()
-        model.train()
-        layout = ShardLayout([cfg.rows] * cfg.n_tables, 1)
-        full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
-        shard = ShardState(full.clone(), SparseOptim())
+        wire, model, layout, shard = _standalone(device, cfg)
         data = CTRData(data_cfg)
         t_data = data_time_per_sample(data, micro_batch)
         states = []
@@ -165,12 +171,7 @@ def stage_loop_time(device: torch.device | str, micro_batch: int, threads: int |
     device = torch.device(device)
     # a CPU type's process: `threads` pinned cores; a GPU stage's: one thread, unpinned (as the worker runs)
     with _cpu_threads(threads or 1, pin=device.type == "cpu" and bool(threads)):
-        wire = wire_for(device, "profiling")
-        model = cfg.build()
-        model.train()
-        layout = ShardLayout([cfg.rows] * cfg.n_tables, 1)
-        full = torch.cat([m.table.weight.detach() for m in model.layers if hasattr(m, "table")])
-        shard = ShardState(full.clone(), SparseOptim())
+        wire, model, layout, shard = _standalone(device, cfg)
         stage = StageCompute(model, 0, len(model.layers), layout, wire, LocalRows(shard))
         opt = torch.optim.Adagrad(stage.params, lr=0.05)
         batch = micro_batch * micro_batches
