@@ -193,3 +193,26 @@ def test_every_cuda_path_in_one_launched_job_matches_the_reference(tmp_path):
                 torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {kind} {name}")
     assert {"pair.cuda.overlap", "mixed.cuda.plain", "pair.host.plain", "job.cint4.plain", "job.host.overlap",
             "job.plain.overlap"} <= seen
+
+
+def test_gpu_suite_compares_with_the_reference_of_its_momentum(gpu_tests, tmp_path):
+    """The launched GPU tests' reference check passes the momentum as the momentum (not as
+    the list of batches)."""
+    sys.path.insert(0, str(SCRIPTS))
+    from reference import single_process
+
+    for momentum in (0.9, 0.0):
+        torch.save(single_process(momentum=momentum), tmp_path / "rank0.pt")
+        gpu_tests._check_params(tmp_path, 1, momentum=momentum)
+
+
+def test_a_gpu_loader_reserves_the_engine_buffers(cuda_standin):
+    """On a GPU, the balanced loader reserves hetrain's own push_pull buffers (the stagings'
+    work buffer) with the model's state before samples get memory."""
+    from hetrain.train.loader import BalancedLoader
+
+    model = torch.nn.Linear(10, 4).cuda()
+    numel = sum(p.numel() for p in model.parameters())
+    data = (torch.randn(32, 10), torch.randint(0, 4, (32,)))
+    loader = BalancedLoader(data, 8, model=model, device="cuda:0", memory_per_sample=1.0)
+    assert loader.batches.balancer.cfg.reserved_bytes == 2 * 4 * numel + 4 * numel

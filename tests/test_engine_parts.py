@@ -337,3 +337,17 @@ def test_host_direct_staging_converts_half_precision():
     assert ts[0].dtype == torch.float16
     torch.testing.assert_close(ts[0], 2 * orig[0])
     torch.testing.assert_close(ts[1], 2 * orig[1])
+
+
+def test_allreduce_buckets_are_the_same_on_gpu_and_cpu_workers():
+    """A GPU worker and a CPU worker of one all-reduce job cut the same buckets (gloo aborts
+    on collectives of different sizes): the choice comes from the cluster file, not from
+    each worker's own device."""
+    cluster = {"machines": [{"name": "g", "role": "worker", "device": {"cuda": True}},
+                            {"name": "c", "role": "worker", "device": {}}]}
+    cuts = []
+    for rank, device in ((0, torch.device("cuda", 0)), (1, torch.device("cpu"))):
+        ctx = _fake_ctx(cluster, "allreduce")
+        ctx.rank, ctx.device, ctx.worker_group = rank, device, "workers"
+        cuts.append([(p.start, p.length) for p in AllReduceTransport(ctx).partitions(10_000_000)])
+    assert cuts[0] == cuts[1] and len(cuts[0]) > 1

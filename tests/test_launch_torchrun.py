@@ -167,3 +167,17 @@ def test_a_two_node_torchrun_line_without_node_ranks(tmp_path):
         assert (r["WORLD_SIZE"], r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"], r["MASTER_ADDR"]) == ("2", "0", "1", a)
         assert r["sum_ok"]
     assert "node 1 of 2 starts 1 processes" in outs["hostB"]
+
+
+def test_a_torchrun_script_with_its_own_nccl_default_group_keeps_host_traffic_on_gloo(tmp_path):
+    """The script calls init_process_group itself on a backend that refuses CPU tensors
+    (NCCL; "cuda:gloo" stands in for it on a CPU host): hetrain's step header and host
+    all-reduce must still work (over its own gloo groups), not fail as a lost peer."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPTS / "nccl_default.py")], capture_output=True, text=True, timeout=120,
+                          env=ENV, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = sorted(line.split("RESULT ", 1)[1] for line in proc.stdout.splitlines() if "RESULT " in line)
+    assert [r.split()[0] for r in results] == ["0", "1"]
+    for r in results:  # (1 * 1 + 2 * 2) / (1 + 2)
+        assert all(abs(float(x.strip("[],")) - 5 / 3) < 1e-6 for x in r.split()[1:]), r

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 import torch.distributed as dist
 
+from ..runtime.devices import is_cuda
 from . import p2p
 from .partition import Partition, plan_for, plan_partitions
 from .protocol import part_tag
@@ -224,8 +225,12 @@ class AllReduceTransport(Transport):
 
     def partitions(self, numel: int) -> list[Partition]:
         """Buckets where they can overlap something (GPU copies, NCCL, --overlap); one
-        all-reduce of everything for host tensors otherwise, which gloo runs fastest."""
-        buckets = self.ctx.device.type == "cuda" or self.ctx.comm.overlap
+        all-reduce of everything for host tensors otherwise, which gloo runs fastest.
+        Every member must cut the same buckets, so the choice comes from the group's
+        devices in the cluster file (any member a GPU), never from this worker's own."""
+        topo = self.ctx.topology
+        gpu = any(is_cuda(topo.proc(r)) for r in self.members.ranks) if topo else self.ctx.device.type == "cuda"
+        buckets = gpu or self.ctx.comm.overlap
         return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
 
     @property

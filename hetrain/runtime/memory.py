@@ -173,6 +173,14 @@ def memory_limit(device: torch.device) -> MemoryLimit:
     return cpu_memory_limit()
 
 
+def engine_device_bytes(numel: int, codec: bool) -> float:
+    """GPU bytes hetrain's own push_pull buffers take for `numel` gradient elements (the
+    stagings of comm/cuda.py), at most: an fp32 work or gather buffer; with a codec also its
+    error-feedback residual and the encoded payload (at most fp32 wide). Counted with the
+    model's state, so a batch share never claims the memory the engine needs."""
+    return 4.0 * numel * (3 if codec else 1)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (GPU kernels run asynchronously: a clock read
     on the host says nothing about them until they are done)."""

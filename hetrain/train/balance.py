@@ -362,14 +362,16 @@ class Balancer:
         if self.cfg.memory_per_sample <= 0:  # nothing to cap: skip the measurement
             return MemoryLimit(float("inf"), "unknown", "no per-sample memory given")
         lim = memory_limit(self.device)
-        if self.device.type != "cuda" and topo is not None:
-            # CPU workers on one host share its RAM (and cgroup): split it evenly among them
-            me = topo.proc(self.ctx.rank).machine
-            peers = [p for p in topo.workers if p.machine.node == me.node and p.machine.address == me.address
-                     and worker_device(p).type == "cpu"]
+        if topo is not None:
+            # workers that share one memory split it evenly: CPU workers on one host share its
+            # RAM (and cgroup); workers bound to one GPU of one host share its free memory
+            me = topo.proc(self.ctx.rank)
+            mine = worker_device(me)
+            peers = [p for p in topo.workers if p.machine.node == me.machine.node
+                     and p.machine.address == me.machine.address and worker_device(p) == mine]
             if len(peers) > 1:
-                return MemoryLimit(lim.bytes / len(peers), lim.source, f"{lim.detail}, split over {len(peers)} "
-                                   "CPU workers on this host")
+                what = f"workers on this host's {mine}" if mine.type == "cuda" else "CPU workers on this host"
+                return MemoryLimit(lim.bytes / len(peers), lim.source, f"{lim.detail}, split over {len(peers)} {what}")
         return lim
 
     def _rank(self) -> int:

@@ -40,7 +40,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import UserError
-from ..runtime.memory import memory_limit, synchronize
+from ..runtime.memory import engine_device_bytes, memory_limit, synchronize
 from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample, median_spread, spread,
                       worker_gather)
 from .sampler import GlobalBatchSampler
@@ -352,6 +352,10 @@ class BalancedLoader:
                 # gradients + one optimizer buffer (SGD momentum); the parameters too unless
                 # they already sit on the device (then its free memory already excludes them)
                 reserved_bytes = pbytes * (2.0 if on_device else 3.0)
+                if self.device.type == "cuda":  # and hetrain's own GPU buffers for push_pull
+                    comm = getattr(ctx, "comm", None)
+                    codec = comm is not None and (comm.codec != "fp32" or bool(comm.codec_rules))
+                    reserved_bytes += engine_device_bytes(sum(p.numel() for p in params), codec)
         self.batches = BalancedBatchSampler(len(dataset), global_batch, seed=seed, optimizer=optimizer,
                                             device=self.device, drop_last=drop_last, balance=balance, config=config,
                                             memory_per_sample=memory_per_sample, reserved_bytes=reserved_bytes,

@@ -403,8 +403,9 @@ class RaceMode(TorchDispatchMode):
         on_device = want_device is not None or "device" in kinds
         view = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
         where = current_stream() if on_device else chk.host
-        what = f"{func._schema.name} at {_caller()}"
+        what = None
         if not view and name not in _NO_DATA and ("device" in kinds or "pinned" in kinds):
+            what = f"{func._schema.name} at {_caller()}"
             if on_device:
                 where._issue()
             for t in reads:
@@ -428,6 +429,7 @@ class RaceMode(TorchDispatchMode):
                 if chk.key(t) not in known:
                     chk.adopt(t, target, index)
                     if target != "plain":
+                        what = what or f"{func._schema.name} at {_caller()}"
                         chk.access(t, True, where, what)
         # operations that make the host wait for the stream
         if on_device:

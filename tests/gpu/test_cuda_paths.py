@@ -131,7 +131,7 @@ def test_guard_refuses_cuda_tensors_before_gloo(monkeypatch):
 
 
 def _check_params(out: Path, n: int, suffix: str = "", momentum: float = 0.9) -> None:
-    ref = single_process(momentum)
+    ref = single_process(momentum=momentum)
     for r in range(n):
         got = torch.load(out / f"rank{r}{suffix}.pt")
         for name, want in ref.items():  # CPU reference vs GPU kernels: float32 rounding only

@@ -84,3 +84,38 @@ def test_gpu_memory_from_the_driver():
     lim = memory_limit(dev)
     free, total = torch.cuda.mem_get_info(dev)
     assert dev.type == "cuda" and lim.source == "cuda" and 0 < lim.bytes <= total
+
+
+def test_workers_sharing_a_gpu_split_its_free_memory(monkeypatch):
+    """Each worker bound to one GPU of a host gets an equal part of its free memory, not
+    all of it (three machines of one node put their worker on cuda:0, as does local rank 0
+    of a two-GPU machine; its local rank 1 has cuda:1 alone)."""
+    from types import SimpleNamespace
+
+    from hetrain.runtime.memory import MemoryLimit
+    from hetrain.runtime.topology import build_topology
+    from hetrain.train import balance
+    from hetrain.train.balance import Balancer, BalanceConfig
+
+    cluster = parse_cluster({"machines": [{"name": f"g{i}", "role": "worker", "device": {"cuda": True}}
+                                          for i in range(3)]
+                             + [{"name": "m", "role": "worker", "device": {"cuda": True}, "gpus": 2}]})
+    topo = build_topology(cluster, "allreduce")
+    monkeypatch.setattr(balance, "memory_limit", lambda device: MemoryLimit(12 * 2**30, "cuda", "12 GiB free"))
+    got = {}
+    for p in topo.workers:
+        me = SimpleNamespace(ctx=SimpleNamespace(topology=topo, rank=p.rank), cfg=BalanceConfig(memory_per_sample=1.0),
+                             device=torch.device("cuda", p.local_rank))
+        got[(p.machine.name, p.local_rank)] = Balancer._my_memory(me, None)
+    assert got[("g0", 0)].bytes == got[("m", 0)].bytes == 3 * 2**30
+    assert "split over 4 workers on this host's cuda:0" in got[("g1", 0)].detail
+    assert got[("m", 1)].bytes == 12 * 2**30
+
+
+def test_gpu_batch_shares_count_the_engine_buffers():
+    """On a GPU, hetrain's own push_pull buffers (work buffer; with a codec also the residual
+    and payload) are reserved with the model's state before samples get memory."""
+    from hetrain.runtime.memory import engine_device_bytes
+
+    assert engine_device_bytes(1000, codec=False) == 4000
+    assert engine_device_bytes(1000, codec=True) == 12000
