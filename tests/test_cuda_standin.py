@@ -182,6 +182,11 @@ def test_every_cuda_path_in_one_launched_job_matches_the_reference(tmp_path):
     # machine m's two workers issue their NCCL collectives (reduce and broadcast communicators,
     # and the pair's all-reduce) in one global order
     assert saved[0]["nccl"] and saved[0]["nccl"] == saved[1]["nccl"]
+    # NCCL groups are bound to the worker's GPU when made (eager communicators), NCCL's sockets
+    # use the interface of the machine's address, and waits are not forced to block the host
+    for r in range(3):
+        assert saved[r]["nccl_devices"] == [torch.device("cuda", min(r, 1) if r < 2 else 0)] * 3
+        assert saved[r]["env"] == {"NCCL_SOCKET_IFNAME": "=lo", "TORCH_NCCL_BLOCKING_WAIT": None}
     for r in range(3):
         for key, (got, want) in saved[r]["exchanges"].items():
             rel = tol.get(key.split(".")[1], 0.0)

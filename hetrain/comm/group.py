@@ -23,7 +23,7 @@ from typing import Sequence
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..runtime.devices import group_backend, nccl_environment
+from ..runtime.devices import group_backend, nccl_environment, nccl_group_options
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) 
         nccl = None
         if backend == "nccl":
             nccl_environment()
-            nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl")
+            nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl", **nccl_group_options(ctx.device))
         member = ctx.rank in ranks
         out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
     return out

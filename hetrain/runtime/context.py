@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .auth import admit, load_secret
-from .devices import Backends, bind, nccl_environment, plan_backends
+from .devices import Backends, bind, nccl_environment, nccl_group_options, plan_backends
 from .env import CommConfig, ProcEnv
 from .heartbeat import Heartbeat, mark_leaving, stale_ranks
 from .rounds import dead_key
@@ -198,9 +198,9 @@ def init() -> Context:
         torch.set_num_threads(me.machine.threads)
     device = bind(me, topo.describe(env.rank))  # before anything touches CUDA
     backends = plan_backends(topo, env.comm)
-    if backends.uses_nccl:
-        nccl_environment()
     iface = iface_for_address(me.machine.address)
+    if backends.uses_nccl:
+        nccl_environment(iface)
     # gloo operations get the longer backstop bound: dead and hung peers are found by
     # liveness within --timeout (CommConfig.op_timeout_s says why)
     timeout = env.comm.op_timeout_s
@@ -229,13 +229,14 @@ def init() -> Context:
     worker_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="gloo")
     nccl_group = None
     if backends.worker == "nccl":
-        nccl_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="nccl")
+        nccl_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="nccl", **nccl_group_options(device))
     local_groups, local_host_groups, local_ranks = None, None, ()
     for ranks in topo.worker_machines:
         if len(ranks) < 2:
             continue
         backend = backends.local[topo.proc(ranks[0]).machine.name]
-        pair = tuple(dist.new_group(ranks, timeout=wait, backend=backend) for _ in range(2))
+        opts = nccl_group_options(device) if backend == "nccl" else {}
+        pair = tuple(dist.new_group(ranks, timeout=wait, backend=backend, **opts) for _ in range(2))
         host = pair if backend == "gloo" else tuple(dist.new_group(ranks, timeout=wait, backend="gloo")
                                                     for _ in range(2))
         if env.rank in ranks:

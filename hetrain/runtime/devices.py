@@ -138,10 +138,30 @@ def bind(proc: Proc, describe: str) -> torch.device:
     return device
 
 
-def nccl_environment() -> None:
+def nccl_environment(iface: str | None = None) -> None:
     """NCCL defaults that turn a lost peer into an exception instead of a hang or an abort:
     a watchdog that, after the group's timeout, aborts the communicator without killing the
     process (the launcher names the lost rank). Waits stay stream waits: hetrain orders its
     copies after collectives by streams and events (comm/cuda.py), so it does not force
-    TORCH_NCCL_BLOCKING_WAIT, which would make every wait() block the host."""
+    TORCH_NCCL_BLOCKING_WAIT, which would make every wait() block the host.
+
+    `iface`: the interface that carries this machine's cluster address (as for gloo); NCCL's
+    sockets use it (NCCL_SOCKET_IFNAME, exact name), so a multi-homed machine talks NCCL on
+    the network its `address` names. A NCCL_SOCKET_IFNAME already set wins."""
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    if iface:
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", f"={iface}")
+
+
+def nccl_group_options(device: torch.device) -> dict:
+    """Keyword arguments for `new_group(backend="nccl")`: `device_id` (torch >= 2.4) binds
+    the group to this worker's GPU, so NCCL forms its communicator when the group is made
+    (at init, where every rank waits for it anyway) instead of lazily inside the first
+    collective, which runs in the first backward's gradient hooks."""
+    import inspect
+
+    from torch.distributed import distributed_c10d
+
+    if device.type == "cuda" and "device_id" in inspect.signature(distributed_c10d.new_group).parameters:
+        return {"device_id": device}
+    return {}

@@ -477,7 +477,13 @@ class Work:
 
 
 _NCCL: dict[int, tuple[object, Stream, str]] = {}
-_ISSUED: list[str] = []  # every NCCL collective this process issued, in order: "group op elements"
+_ISSUED: list[str] = []
+_NCCL_DEVICES: list = []  # the device_id each NCCL group was made with (None: none given)  # every NCCL collective this process issued, in order: "group op elements"
+
+
+def nccl_devices() -> list:
+    """The `device_id` of every NCCL group this process made, in order."""
+    return list(_NCCL_DEVICES)
 
 
 def nccl_log() -> list[str]:
@@ -494,6 +500,7 @@ def _new_group(real):
         if str(backend).lower() != "nccl":
             return real(*args, **kwargs)
         kwargs["backend"] = "gloo"
+        _NCCL_DEVICES.append(kwargs.pop("device_id", None))  # gloo takes no CUDA device
         g = real(*args, **kwargs)
         if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
             label = f"nccl{len(_NCCL)}"

@@ -13,6 +13,7 @@ server transport), one summation server. Each rank saves (got, want) pairs:
 - training: DistributedOptimizer with overlap off and on, and DDP with hetrain's comm hook,
   each saved for comparison with the single-process reference.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -111,5 +112,7 @@ trained = {kind: train(kind) for kind in ("plain", "overlap", "ddp")}
 out.mkdir(parents=True, exist_ok=True)
 import standin  # noqa: E402  (tests/cudastandin, installed at start: its NCCL issue order)
 
-torch.save({"exchanges": results, "trained": trained, "nccl": standin.nccl_log()}, out / f"rank{rank}.pt")
+torch.save({"exchanges": results, "trained": trained, "nccl": standin.nccl_log(),
+            "nccl_devices": standin.nccl_devices(), "env": {k: os.environ.get(k) for k in (
+                "NCCL_SOCKET_IFNAME", "TORCH_NCCL_BLOCKING_WAIT")}}, out / f"rank{rank}.pt")
 hetrain.shutdown()
