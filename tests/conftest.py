@@ -9,6 +9,26 @@ import yaml
 from .helpers import SCRIPTS, small_cluster
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cuda-sanitizer", action="store_true",
+                     help="run under PyTorch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1): in this process and in "
+                          "every process a test launches; e.g. `python -m pytest -m gpu --cuda-sanitizer`")
+
+
+def pytest_configure(config):
+    """--cuda-sanitizer: every process the tests start inherits TORCH_CUDA_SANITIZER=1 (torch
+    reads it at import and checks each kernel's stream accesses); this one turns it on now
+    (torch is already imported here)."""
+    if config.getoption("--cuda-sanitizer"):
+        os.environ["TORCH_CUDA_SANITIZER"] = "1"
+        import torch
+
+        if torch.cuda.is_available():
+            from torch.cuda import _sanitizer
+
+            _sanitizer.enable_cuda_sanitizer()
+
+
 @pytest.fixture
 def launch(tmp_path):
     """Run `hetrain launch` in a real subprocess; returns (returncode, output, run_dir)."""

@@ -204,3 +204,18 @@ def test_nccl_paths_match_single_process(launch, tmp_path, mode):
                         extra=("--partition-bytes", "2048", "--overlap"), timeout=60, limit=400)
     assert rc == 0, log
     _check_params(out, 2)
+
+
+def test_sanitizer_mode_reaches_launched_processes(tmp_path):
+    """`pytest -m gpu --cuda-sanitizer` (or TORCH_CUDA_SANITIZER=1): the sanitizer is on in
+    this process and in the processes tests start; without it, off in both."""
+    import os
+    import subprocess
+
+    from torch.cuda import _sanitizer
+
+    on = "TORCH_CUDA_SANITIZER" in os.environ  # torch's own test, at import
+    assert _sanitizer.cuda_sanitizer is not None and _sanitizer.cuda_sanitizer.enabled == on
+    probe = "import torch, torch.cuda._sanitizer as s; print(s.cuda_sanitizer.enabled)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == str(on)
