@@ -45,7 +45,7 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    from . import adaptive, doubling, fifo, gavel, optimal, srtf  # noqa: F401  (modules register themselves)
+    from . import adaptive, doubling, fifo, gavel, goodput, optimal, srtf  # noqa: F401  (modules register themselves)
 
 
 def check_allocation(jobs: Sequence[Job], cluster: Inventory, alloc: Allocation) -> None:
