@@ -19,7 +19,7 @@ from ...perf.jobs import completion_time
 from ..job import Alloc, Allocation, Job
 
 Policy = Callable[[Sequence[Job], Inventory, Allocation, float], Allocation]
-DEFAULT_POLICY = "adaptive"  # what `hetrain schedule` uses unless told otherwise
+DEFAULT_POLICY = "goodput"  # what `hetrain schedule` uses unless told otherwise (bench/sched.py: no worse than any peer)
 _REGISTRY: dict[str, Policy] = {}
 
 
