@@ -70,9 +70,11 @@ class RealJobSpec:
 def tiny_workload() -> list[RealJobSpec]:
     """Three small jobs (a minute of emulated compute in all; at most 2 ranks each): `a`
     runs alone on the whole pool, then `b` and `c` arrive while it runs (a cold start
-    takes 10-30 s on a loaded 2-core host), so the policy resizes or preempts it for real."""
-    return [RealJobSpec("a", 0.0, 160, 0.40, seed=1), RealJobSpec("b", 40.0, 24, 0.30, seed=2),
-            RealJobSpec("c", 50.0, 30, 0.40, seed=3)]
+    takes 10-30 s on a loaded 2-core host), so the policy resizes or preempts it for real.
+    Each job may run at its base batch 32 or at 64 (a goodput-aware policy picks)."""
+    return [RealJobSpec("a", 0.0, 160, 0.40, seed=1, max_batch=64),
+            RealJobSpec("b", 40.0, 24, 0.30, seed=2, max_batch=64),
+            RealJobSpec("c", 50.0, 30, 0.40, seed=3, max_batch=64)]
 
 
 def model_bytes(dim: int = 16) -> float:

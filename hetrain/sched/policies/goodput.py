@@ -1,8 +1,8 @@
 """Goodput-aware allocation across GPU types: one integer program per decision (Sia).
 
 Every active job j has configurations c = (GPU type, count), counts being the powers
-of two in [min_gpus, max_gpus] that fit the type's pool (and the job's current count,
-so staying put is always an option). A configuration's speed is the job's goodput
+of two in [min_gpus, max_gpus] (and, in pools of at most 128 GPUs, every count up to
+one machine, 8 GPUs) that fit the type's pool (and the job's current count, so staying put is always an option). A configuration's speed is the job's goodput
 there at its best batch (`hetrain.perf.goodput`: the simulator and the executor run
 jobs with this policy at that batch; a restart hands the job its new batch). The
 integer program picks at most one configuration per job within each pool's capacity:
@@ -31,8 +31,10 @@ from ...errors import UserError
 from ..job import Alloc
 from . import register
 
-DEFAULT_P = 1.0
+DEFAULT_P = 0.75
 MIP_GAP = 1e-4  # relative optimality gap HiGHS stops at
+NODE_GPUS = 8
+FINE_POOL = 128
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,12 @@ class Configs:
 
 
 def _counts(job, cap: int, current: int | None) -> list[int]:
+    """Powers of two (as Sia), and in a pool of at most FINE_POOL GPUs every count up to
+    a machine's worth too (there a few GPUs left over matter)."""
     top = min(job.max_gpus, cap)
-    out, k = [], 1
+    fine = NODE_GPUS if cap <= FINE_POOL else 1
+    out = list(range(job.min_gpus, min(top, fine) + 1))
+    k = 2 * fine
     while k <= top:
         if k >= job.min_gpus:
             out.append(k)
