@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 
 # the public API (hetrain/api/), exported lazily: `hetrain plan` and `hetrain schedule`
 # must not pay for torch.distributed
-_API = {"Adasum", "Average", "Compression", "DistributedOptimizer", "HookState", "Max", "Min", "Product",
+_API = {"alltoall_async", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+        "grouped_reducescatter", "grouped_reducescatter_async", "Adasum", "Average", "Compression", "DistributedOptimizer", "HookState", "Max", "Min", "Product",
         "ReduceOp", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object", "allreduce",
         "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast", "broadcast_",
         "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",

@@ -154,6 +154,11 @@ def _check_collectives(res, r, n):
     hi = lo + base + (1 if r < extra else 0)
     _close(res["reducescatter"], _reduce("Average", full)[lo:hi], "reducescatter")
     _close(res["reducescatter.sum"], _reduce("Sum", full)[lo:hi], "reducescatter Sum")
+    _close(res["alltoall_async"], res["alltoall"], "alltoall_async", rtol=0, atol=0)
+    _close(res["reducescatter_async"], res["reducescatter"], "reducescatter_async", rtol=0, atol=0)
+    _close(res["grouped_allgather"][0], gathered, "grouped_allgather", rtol=0, atol=0)
+    _close(res["grouped_allgather"][1], gathered * 2, "grouped_allgather", rtol=0, atol=0)
+    _close(res["grouped_reducescatter"][0], res["reducescatter.sum"], "grouped_reducescatter")
     ys, dxs, bn = _syncbn_reference(n)
     got = res["syncbn"]
     _close(got["y"], ys[r], "SyncBatchNorm output", rtol=1e-4, atol=1e-5)

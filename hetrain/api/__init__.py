@@ -16,7 +16,8 @@ from .basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, d
 from .collectives import (allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
                           alltoall, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
                           grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                          reducescatter)
+                          reducescatter, alltoall_async, reducescatter_async, grouped_allgather,
+                          grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async)
 from .compression import Compression
 from .ddp_hook import HookState, ddp_comm_hook
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
@@ -26,7 +27,8 @@ from .optimizer import DistributedOptimizer
 from .reduce_op import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .sync_batch_norm import SyncBatchNorm
 
-__all__ = ["Adasum", "Average", "Compression", "DistributedOptimizer", "HookState", "Max", "Min", "Product",
+__all__ = ["alltoall_async", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+           "grouped_reducescatter", "grouped_reducescatter_async", "Adasum", "Average", "Compression", "DistributedOptimizer", "HookState", "Max", "Min", "Product",
            "ReduceOp", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object", "allreduce",
            "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast", "broadcast_",
            "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",

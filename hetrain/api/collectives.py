@@ -28,7 +28,8 @@ from .reduce_op import Carrier, ReduceOp, TORCH_OP, identity_like, resolve
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
            "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
            "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
-           "reducescatter", "barrier"]
+           "alltoall_async", "reducescatter", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
+           "grouped_reducescatter", "grouped_reducescatter_async", "barrier"]
 
 
 class _Done(Outstanding):
@@ -312,6 +313,37 @@ def reducescatter(tensor, op=None, name=None, compression=None, process_set=None
     base, extra = divmod(tensor.shape[0], n)
     lo = me * base + min(me, extra)
     return full[lo: lo + base + (1 if me < extra else 0)].clone()
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None) -> int:
+    return new_handle(_Done(alltoall(tensor, splits, name, process_set)))
+
+
+def reducescatter_async(tensor, op=None, name=None, compression=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0) -> int:
+    return new_handle(_Done(reducescatter(tensor, op, name, compression, process_set, prescale_factor,
+                                          postscale_factor)))
+
+
+def grouped_allgather(tensors, name=None, process_set=None) -> list[torch.Tensor]:
+    """`allgather` of each tensor of a list."""
+    return [allgather(t, name, process_set) for t in tensors]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
+    return new_handle(_Done(grouped_allgather(tensors, name, process_set)))
+
+
+def grouped_reducescatter(tensors, op=None, name=None, compression=None, process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0) -> list[torch.Tensor]:
+    """`reducescatter` of each tensor of a list."""
+    return [reducescatter(t, op, name, compression, process_set, prescale_factor, postscale_factor) for t in tensors]
+
+
+def grouped_reducescatter_async(tensors, op=None, name=None, compression=None, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    return new_handle(_Done(grouped_reducescatter(tensors, op, name, compression, process_set, prescale_factor,
+                                                  postscale_factor)))
 
 
 def barrier(process_set=None) -> None:

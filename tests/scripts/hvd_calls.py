@@ -53,6 +53,10 @@ res["alltoall"] = hvd.alltoall(torch.arange(2.0 * n) + 10 * r)
 res["alltoall.splits"] = hvd.alltoall(I.a2a_input(r, n), splits=I.a2a_splits(r, n))
 res["reducescatter"] = hvd.reducescatter(I.tensor(r, 4, (2 * n + 1, 2)))
 res["reducescatter.sum"] = hvd.reducescatter(I.tensor(r, 4, (2 * n + 1, 2)), op=hvd.Sum)
+res["alltoall_async"] = hvd.synchronize(hvd.alltoall_async(torch.arange(2.0 * n) + 10 * r))
+res["reducescatter_async"] = hvd.synchronize(hvd.reducescatter_async(I.tensor(r, 4, (2 * n + 1, 2))))
+res["grouped_allgather"] = hvd.synchronize(hvd.grouped_allgather_async([I.gather_rows(r), I.gather_rows(r) * 2]))
+res["grouped_reducescatter"] = hvd.grouped_reducescatter([I.tensor(r, 4, (2 * n + 1, 2))], op=hvd.Sum)
 hvd.barrier()
 
 # SyncBatchNorm: each rank's batch has its own size; the global batch's statistics
