@@ -6,6 +6,7 @@ import atexit
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from ..comm.engine import PushPull
 from ..errors import UserError
@@ -73,6 +74,89 @@ def local_rank() -> int:
 def local_size() -> int:
     """Number of workers this worker's node runs (summation servers are not counted)."""
     return len(_node_workers())
+
+
+def _nodes() -> list[str]:
+    """The nodes (launchers) that run workers, in the order of their first worker."""
+    ctx = init()
+    if ctx.topology is None:
+        return ["local"]
+    seen: list[str] = []
+    for p in ctx.topology.workers:
+        if p.machine.node not in seen:
+            seen.append(p.machine.node)
+    return seen
+
+
+def cross_rank() -> int:
+    """This worker's node's index among the nodes that run workers (Horovod's
+    `cross_rank`: with one node per host, the host's index)."""
+    ctx = init()
+    if ctx.topology is None:
+        return 0
+    return _nodes().index(ctx.topology.proc(ctx.rank).machine.node)
+
+
+def cross_size() -> int:
+    """Number of nodes that run workers (Horovod's `cross_size`)."""
+    return len(_nodes())
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of workers (Horovod's `is_homogeneous`)."""
+    ctx = init()
+    if ctx.topology is None:
+        return True
+    counts = [sum(p.machine.node == node for p in ctx.topology.workers) for node in _nodes()]
+    return len(set(counts)) == 1
+
+
+def is_initialized() -> bool:
+    """Whether this process has joined the job (`hetrain.init()` ran and no shutdown since)."""
+    return _ENGINE is not None
+
+
+def mpi_built() -> bool:
+    """hetrain never uses MPI (Horovod's build probes, for scripts that branch on them)."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    """Gloo carries every host tensor (always True)."""
+    return dist.is_gloo_available()
+
+
+def gloo_enabled() -> bool:
+    return gloo_built()
+
+
+def nccl_built() -> bool:
+    """Whether this PyTorch has NCCL (hetrain uses it between the GPUs of GPU workers)."""
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def cuda_built() -> bool:
+    return torch.backends.cuda.is_built()
+
+
+def rocm_built() -> bool:
+    return torch.version.hip is not None
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
 
 
 def _check_root(root_rank: int, what: str) -> None:

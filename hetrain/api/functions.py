@@ -176,3 +176,43 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         raise UserError(f"broadcast_optimizer_state: rank {root_rank}'s optimizer state does not fit this "
                         f"worker's optimizer ({err}); build the same optimizer over the same parameters on "
                         "every worker") from None
+
+
+def allgather_object(obj, name: str | None = None) -> list:
+    """Every worker's `obj`, as a list in rank order (Horovod's `allgather_object`).
+
+    Nothing is pickled: objects are encoded as `broadcast_object` encodes them (tensors,
+    numbers, strings, bytes, None and containers of them); an object a worker cannot
+    send is refused with a UserError on every worker, naming that worker."""
+    from .. import objects
+
+    ctx = init()
+    data, error = b"", None
+    try:
+        data = objects.encode(obj)
+    except UserError as err:
+        error = str(err)
+    if not ctx.distributed or ctx.num_workers == 1:
+        if error is not None:
+            raise UserError(error)
+        return [obj]
+    payload = error.encode() if error is not None else data
+    n = ctx.num_workers
+    head = torch.tensor([len(payload), int(error is not None)], dtype=torch.int64)
+    heads = [torch.empty_like(head) for _ in range(n)]
+    top = 0
+    try:
+        dist.all_gather(heads, head, group=ctx.worker_group)
+        top = max(int(h[0]) for h in heads)
+        buf = torch.zeros(max(top, 1), dtype=torch.uint8)
+        if payload:
+            buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        got = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(got, buf, group=ctx.worker_group)
+    except RuntimeError as err:
+        raise ctx.peer_error("gathering objects", [], err) from None
+    raw = [bytes(g[: int(h[0])].numpy().tobytes()) for g, h in zip(got, heads)]
+    for r, (h, b) in enumerate(zip(heads, raw)):
+        if int(h[1]):
+            raise UserError(f"{b.decode(errors='replace')} (refused on rank {r}, in allgather_object)")
+    return [obj if r == ctx.rank else objects.decode(b) for r, b in enumerate(raw)]

@@ -108,15 +108,32 @@ def push_pull_async(tensor, average: bool = True, name: str | None = None, batch
         _start(req)
         if req.done:
             _PENDING.pop(0)
+    return new_handle(req)
+
+
+class Outstanding:
+    """A collective's handle (hetrain.allreduce_async and the like): `poll()` says
+    whether it is done, `wait()` finishes it and returns its result."""
+
+    def poll(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self):
+        raise NotImplementedError
+
+
+def new_handle(req) -> int:
+    """Register an outstanding operation (a push_pull_async request or a collective's
+    Outstanding) and return its handle for poll/synchronize."""
     handle = _NEXT_HANDLE[0] = _NEXT_HANDLE[0] + 1
     _HANDLES[handle] = req
     return handle
 
 
-def _request(handle: int, what: str) -> _Request:
+def _request(handle: int, what: str):
     req = _HANDLES.get(handle)
     if req is None:
-        raise UserError(f"{what}: unknown handle {handle!r} (already synchronized, or not from push_pull_async)")
+        raise UserError(f"{what}: unknown handle {handle!r} (already synchronized, or not from an *_async call)")
     return req
 
 
@@ -128,16 +145,57 @@ def poll(handle: int) -> bool:
     before it), waiting for its last partitions, and returns True. A
     `while not poll(h)` loop therefore ends at its first call."""
     req = _request(handle, "poll")
+    if isinstance(req, Outstanding):
+        return req.poll()
     _complete_through(req)
     return True
 
 
 def synchronize(handle: int) -> torch.Tensor:
-    """Wait for a `push_pull_async` handle and return its result (each handle once)."""
+    """Wait for a handle of `push_pull_async` (or of an `allreduce_async`-style
+    collective) and return its result (each handle once)."""
     req = _request(handle, "synchronize")
+    if isinstance(req, Outstanding):
+        del _HANDLES[handle]
+        return req.wait()
     _complete_through(req)
     del _HANDLES[handle]
     return req.out
+
+
+def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                      batch_size: int = 1) -> torch.Tensor:
+    """BytePS's `push_pull_inplace`: reduce `tensor` over the workers in place and return it."""
+    t, label = _as_named(tensor, name)
+    push_pull([(label, t)], average=average, batch_size=batch_size)
+    return t
+
+
+def declare(name: str, **kwargs) -> None:
+    """BytePS's `declare(name)`: register a tensor name before use so that every worker
+    assigns it the same key. hetrain agrees on names and layouts at each push_pull (the
+    step header), so nothing needs declaring; the name is checked and accepted."""
+    if not isinstance(name, str) or not name:
+        raise UserError(f"declare: name must be a non-empty string, got {name!r}")
+
+
+def suspend() -> None:
+    """BytePS's `suspend()` (before a resize in its elastic mode): finish outstanding
+    async operations so nothing is in flight. hetrain resizes by restarting rounds
+    (hetrain.elastic), so nothing else has to pause."""
+    _drain()
+
+
+def resume(num_workers: int | None = None, num_servers: int | None = None, global_rank: int | None = None,
+           context=None) -> None:
+    """BytePS's `resume(...)` after `suspend()`: the job's size comes from the launcher's
+    round, so the arguments are checked against it, not applied."""
+    eng = engine()
+    have = eng.ctx.num_workers
+    if num_workers is not None and int(num_workers) != have:
+        raise UserError(f"resume(num_workers={num_workers}): this round of the job has {have} workers; hetrain "
+                        "changes the number of workers by restarting the job from its last commit "
+                        "(hetrain.elastic, launcher --min-workers / --max-restarts)")
 
 
 def _finish_at_shutdown(eng) -> None:
