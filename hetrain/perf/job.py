@@ -1,0 +1,253 @@
+"""Whole-job cost model: step time, memory per device and cost of every way to train one
+model data-parallel on one cluster, numpy only.
+
+A *candidate* (`Candidate`) is one choice of each knob the runtime has: the
+communication mode (ring all-reduce among the workers, BytePS with the CPU machines as
+extra summation servers, or a plain parameter server on the CPU machines), how the
+global batch is split (equal shares, or shares balanced on the step-time model so all
+workers finish together), whether gradients are pushed while backward still runs
+(overlap), and the gradient codec. For worker i with share b_i:
+
+    compute_i = fixed_i + b_i · per_sample_i                 (the H-PS step-time model)
+    M         = gradient bytes · codec ratio                 (fp32 1, fp16 1/2, int8 1/4, int4 1/8)
+    comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC;
+                                                               BytePS: the LP split of perf.comm;
+                                                               PS: the busiest NIC of n·M/k)
+    codec     = codec seconds per fp32 byte · gradient bytes (encode + decode, fitted)
+    exposed   = comm + codec                                 (no overlap)
+              = max(comm + codec − hide · max_i compute_i, (comm + codec) / partitions)   (overlap)
+    step      = max_i compute_i + exposed + overhead
+    memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
+                + b_i · activation bytes per sample (and their gradients)
+
+`overhead` (seconds per step the framework adds: the step header, metrics exchange,
+Python), `efficiency` (bytes/s reached over the nominal NIC rate) and the codec costs are
+*fitted* (`fit`) from measured steps, so the model is the one the runs check
+(`plan.job`, bench/plan.py). Cost per sample: the $/hour of the machines a candidate
+uses over its samples per hour.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from ..errors import UserError  # dependency-free: perf stays numpy-only
+from .comm import optimal_split, ring_allreduce_time
+
+CommMode = Literal["allreduce", "byteps", "ps"]
+SharePolicy = Literal["equal", "balanced"]
+Codec = Literal["fp32", "fp16", "int8", "int4"]
+CODEC_RATIO: dict[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int4": 0.125}
+COMM_MODES: tuple[str, ...] = ("allreduce", "byteps", "ps")
+SHARE_POLICIES: tuple[str, ...] = ("equal", "balanced")
+
+
+@dataclass(frozen=True)
+class JobWorker:
+    """One worker process: its compute line, NIC, memory and price."""
+
+    name: str
+    per_sample_s: float          # seconds per sample of forward+backward on this device
+    bandwidth: float             # NIC bytes/s each way
+    fixed_s: float = 0.0         # seconds per step whatever the share (launches, optimizer step)
+    memory: float = np.inf       # bytes the device holds
+    price_per_hour: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobCluster:
+    workers: tuple[JobWorker, ...]
+    cpu_bandwidth: tuple[float, ...] = ()     # CPU-only machines' NICs (summation servers)
+    cpu_price_per_hour: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise UserError("a job needs at least one worker")
+        if len(self.cpu_price_per_hour) not in (0, len(self.cpu_bandwidth)):
+            raise UserError("give one price per CPU machine, or none")
+        if any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers) or any(b <= 0 for b in self.cpu_bandwidth):
+            raise UserError("per-sample times and bandwidths must be > 0")
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """What the cost model needs of a model (from its layer profile)."""
+
+    name: str
+    grad_bytes: float               # dense gradient bytes per step (fp32)
+    act_bytes_per_sample: float     # activation bytes kept for backward per sample
+    state_factor: float = 3.0       # bytes per parameter byte: weights, gradients, momentum (SGD)
+    backward_fraction: float = 2 / 3  # share of compute that is backward (what overlap can hide behind)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The model's constants fitted from measured steps (defaults: the ideal machine)."""
+
+    overhead_s: float = 0.0         # seconds per step the framework adds
+    efficiency: float = 1.0         # achieved / nominal bandwidth
+    codec_s_per_byte: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CODEC_RATIO})
+    partitions: int = 4             # pieces an overlapped exchange is cut into (the last is never hidden)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    mode: CommMode = "allreduce"
+    shares: SharePolicy = "balanced"
+    overlap: bool = False
+    codec: Codec = "fp32"
+
+    def label(self) -> str:
+        return f"{self.mode}/{self.shares}/{'overlap' if self.overlap else 'no-overlap'}/{self.codec}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    global_batch: int
+    shares: np.ndarray        # samples per worker
+    compute_s: np.ndarray     # per worker
+    comm_s: float             # exposed communication + codec
+    memory: np.ndarray        # bytes per worker
+    fits: bool
+    dollars_per_hour: float
+    why: str
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.step_s
+
+    @property
+    def dollars_per_million(self) -> float:
+        return self.dollars_per_hour / (self.samples_per_s * 3600.0) * 1e6
+
+
+def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> float:
+    """Seconds to sum `nbytes` of gradient over the workers in `mode` (nominal rates)."""
+    n = len(worker_bw)
+    if mode == "allreduce":
+        return ring_allreduce_time(nbytes, n, float(np.min(worker_bw)))
+    if mode == "byteps":
+        return optimal_split(nbytes, worker_bw, cpu_bw).time_s
+    if mode == "ps":
+        if len(cpu_bw) == 0:
+            raise UserError("a parameter server needs CPU machines")
+        # every worker moves M each way; CPU machine j holds M/k and moves n·M/k each way
+        return float(max(np.max(nbytes / worker_bw), np.max(n * nbytes / len(cpu_bw) / cpu_bw)))
+    raise UserError(f"unknown communication mode {mode!r}; choose one of {COMM_MODES}")
+
+
+def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.ndarray) -> np.ndarray:
+    """Samples per worker: equal (capped by memory, the rest spread evenly) or balanced by
+    the step-time model so every worker is predicted to finish together."""
+    from ..train.balance import solve_shares  # TEMPORARY until the step-time model lands in perf
+
+    n = len(cluster.workers)
+    if policy == "equal":
+        return solve_shares(global_batch, np.zeros(n), np.ones(n), caps)
+    if policy == "balanced":
+        return solve_shares(global_batch, np.array([w.fixed_s for w in cluster.workers]),
+                            np.array([w.per_sample_s for w in cluster.workers]), caps)
+    raise UserError(f"unknown share policy {policy!r}; choose one of {SHARE_POLICIES}")
+
+
+def memory_per_worker(model: JobModel, codec: str, shares: np.ndarray) -> np.ndarray:
+    residual = model.grad_bytes if codec != "fp32" else 0.0  # error feedback keeps an fp32 residual
+    return model.state_factor * model.grad_bytes + residual + 2.0 * shares * model.act_bytes_per_sample
+
+
+def _sample_caps(model: JobModel, codec: str, cluster: JobCluster, global_batch: int) -> np.ndarray:
+    fixed = memory_per_worker(model, codec, np.zeros(len(cluster.workers)))
+    per = 2.0 * model.act_bytes_per_sample
+    mem = np.array([w.memory for w in cluster.workers], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        caps = np.where(per > 0, np.floor((mem - fixed) / max(per, 1e-300)), np.where(mem >= fixed, np.inf, -1))
+    return np.clip(np.nan_to_num(caps, posinf=global_batch), 0, global_batch).astype(np.int64)
+
+
+def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch: int,
+            fitted: Fitted = Fitted()) -> Prediction:
+    """Step time, memory per worker and cost of one candidate."""
+    n = len(cluster.workers)
+    wbw = np.array([w.bandwidth for w in cluster.workers], dtype=float)
+    cbw = np.array(cluster.cpu_bandwidth, dtype=float)
+    caps = _sample_caps(model, cand.codec, cluster, global_batch)
+    why = []
+    fits = int(caps.sum()) >= global_batch
+    if fits:
+        shares = shares_for(cand.shares, global_batch, cluster, caps)
+    else:  # report what the batch would need on equal shares
+        shares = np.full(n, global_batch // n) + (np.arange(n) < global_batch % n)
+        why.append(f"does not fit: the workers hold {int(caps.sum())} of {global_batch} samples")
+    memory = memory_per_worker(model, cand.codec, shares)
+    mem_cap = np.array([w.memory for w in cluster.workers], dtype=float)
+    if fits and np.any(memory > mem_cap):
+        fits = False
+        why.append("does not fit: model state exceeds a device's memory")
+    compute = np.array([w.fixed_s + b * w.per_sample_s if b > 0 else 0.0
+                        for w, b in zip(cluster.workers, shares)])
+    nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
+    comm = comm_time(cand.mode, nbytes, wbw, cbw) / fitted.efficiency if n > 1 else 0.0
+    codec_s = fitted.codec_s_per_byte.get(cand.codec, 0.0) * model.grad_bytes if n > 1 else 0.0
+    exposed = comm + codec_s
+    slowest = float(compute.max())
+    if cand.overlap and exposed > 0:
+        exposed = max(exposed - model.backward_fraction * slowest, exposed / max(1, fitted.partitions))
+    step = slowest + exposed + fitted.overhead_s
+    price = sum(w.price_per_hour for w in cluster.workers)
+    if cand.mode in ("byteps", "ps"):
+        price += sum(cluster.cpu_price_per_hour)
+    why.append(f"compute {slowest * 1e3:.1f} ms (slowest worker), exchange {exposed * 1e3:.1f} ms"
+               + (" after overlap" if cand.overlap else ""))
+    return Prediction(cand, step, global_batch, shares, compute, exposed, memory, fits, price, "; ".join(why))
+
+
+def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
+               policies=SHARE_POLICIES, overlaps=(False, True)) -> list[Candidate]:
+    """Every candidate the cluster allows (BytePS and PS need CPU machines)."""
+    usable = [m for m in modes if m == "allreduce" or cluster.cpu_bandwidth]
+    return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs]
+
+
+def rank(preds: list[Prediction], target: float | None = None, budget: float | None = None) -> list[Prediction]:
+    """Best first. Plans that fit come first; then, with a throughput `target`, the ones that
+    reach it, cheapest per sample first; with a `budget` ($/hour), the ones within it,
+    fastest first; without either, fastest first. Ties: fewer bytes, simpler knobs."""
+    def key(p: Prediction):
+        simple = (p.candidate.overlap, CODEC_RATIO[p.candidate.codec] != 1.0, p.candidate.shares != "equal")
+        if target is not None:
+            ok = p.samples_per_s >= target
+            return (not p.fits, not ok, p.dollars_per_million if ok else -p.samples_per_s, simple)
+        if budget is not None:
+            ok = p.dollars_per_hour <= budget
+            return (not p.fits, not ok, -p.samples_per_s if ok else p.dollars_per_hour, simple)
+        return (not p.fits, -round(p.samples_per_s, 9), simple)
+    return sorted(preds, key=key)
+
+
+def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -> Fitted:
+    """Fit `overhead_s` and `efficiency` to measured step times: measured ≈ overhead +
+    compute + comm/efficiency, least squares on (overhead, 1/efficiency) over candidates
+    run without overlap and codec (their parts are additive), each with its predictions
+    made under `base`. Needs two runs whose exchange times differ; with one, only the
+    overhead is fitted."""
+    rows, y = [], []
+    for pred, measured in observations:
+        c = pred.candidate
+        if c.overlap or c.codec != "fp32":
+            continue
+        comm_nominal = (pred.comm_s - base.codec_s_per_byte.get(c.codec, 0.0)) * base.efficiency
+        rows.append((1.0, comm_nominal))
+        y.append(measured - float(pred.compute_s.max()))
+    if not rows:
+        raise UserError("fitting the cost model needs at least one measured run without overlap and codec")
+    a, y = np.array(rows), np.array(y)
+    if len(rows) >= 2 and np.ptp(a[:, 1]) > 1e-9:
+        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if inv_eff >= 1.0 and over >= 0:
+            return replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
+    over = float(np.median(y - a[:, 1] / base.efficiency))
+    return replace(base, overhead_s=max(0.0, over))
