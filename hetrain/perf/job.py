@@ -18,7 +18,7 @@ workers finish together), whether gradients are pushed while backward still runs
               = max(comm + codec − hide · max_i compute_i, (comm + codec) / partitions)   (overlap)
     step      = max_i compute_i + exposed + overhead
     memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
-                + b_i · activation bytes per sample (and their gradients)
+                + b_i · activation bytes per sample kept for backward
 
 `overhead` (seconds per step the framework adds: the step header, metrics exchange,
 Python), `efficiency` (bytes/s reached over the nominal NIC rate) and the codec costs are
@@ -156,12 +156,12 @@ def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.nda
 
 def memory_per_worker(model: JobModel, codec: str, shares: np.ndarray) -> np.ndarray:
     residual = model.grad_bytes if codec != "fp32" else 0.0  # error feedback keeps an fp32 residual
-    return model.state_factor * model.grad_bytes + residual + 2.0 * shares * model.act_bytes_per_sample
+    return model.state_factor * model.grad_bytes + residual + shares * model.act_bytes_per_sample
 
 
 def _sample_caps(model: JobModel, codec: str, cluster: JobCluster, global_batch: int) -> np.ndarray:
     fixed = memory_per_worker(model, codec, np.zeros(len(cluster.workers)))
-    per = 2.0 * model.act_bytes_per_sample
+    per = model.act_bytes_per_sample
     mem = np.array([w.memory for w in cluster.workers], dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         caps = np.where(per > 0, np.floor((mem - fixed) / max(per, 1e-300)), np.where(mem >= fixed, np.inf, -1))
