@@ -23,8 +23,9 @@ from hetrain.cluster.device import EmulatedDevice
 from hetrain.models import ZOO, build_model
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import (ActivationMeter, StepClock, format_table, gather_stats, log_prediction, planned,
-                                   prediction_check, state_bytes, write_summary)
+from hetrain.train.summary import (ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
+                                   model_facts, planned, prediction_check, profile_steps, state_bytes,
+                                   write_summary)
 
 
 def synthetic(model, n: int, seed: int = 0) -> TensorDataset:
@@ -73,11 +74,16 @@ def main(argv=None) -> int:
                             balance=args.balance, logger=steplog, seed=1)
     clock, acts = StepClock(), ActivationMeter()
     samples = steps = 0
+    limit = profile_steps()  # `hetrain launch --auto`'s profiling round: a few steps, then plan
     t0 = time.perf_counter()
     for _epoch in loader.epochs(args.epochs):
+        if limit and steps >= limit:
+            break
         for *xs, y in loader:
+            if limit and steps >= limit:
+                break
             opt.zero_grad()
-            with emulated.compute(len(y)) if emulated is not None else nullcontext(), acts:
+            with emulated.compute(len(y)) if emulated is not None else nullcontext(), acts.of(len(y)):
                 if len(y):
                     model.loss(model(*xs), y).backward()
             opt.step()
@@ -101,7 +107,8 @@ def main(argv=None) -> int:
             print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
                   f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
             log_prediction(writer, check)
-        write_summary(run_dir, {"model": args.model, "mode": ctx.comm.mode, "balance": args.balance,
+        write_summary(run_dir, {"model_name": args.model, "model": model_facts(model, acts),
+                                "global_batch": args.global_batch, "mode": ctx.comm.mode, "balance": args.balance,
                                 "samples_per_s": sum(r["samples"] for r in rows) / wall, "step_s": rows[0]["step_s"],
                                 "prediction": check, "ranks": dict(zip(labels, rows))})
         writer.close()

@@ -8,7 +8,7 @@ global batch is split (equal shares, or shares balanced on the step-time model s
 workers finish together), whether gradients are pushed while backward still runs
 (overlap), and the gradient codec. For worker i with share b_i:
 
-    compute_i = fixed_i + b_i · per_sample_i                 (the H-PS step-time model)
+    compute_i = fixed_i + b_i · per_sample_i                 (the H-PS step-time model, perf.steptime)
     M         = gradient bytes · codec ratio                 (fp32 1, fp16 1/2, int8 1/4, int4 1/8)
     comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC;
                                                                BytePS: the LP split of perf.comm;
@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
 from .comm import optimal_split, ring_allreduce_time
+from .steptime import predicted_times, solve_shares
 
 CommMode = Literal["allreduce", "byteps", "ps"]
 SharePolicy = Literal["equal", "balanced"]
@@ -187,8 +188,8 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
     if fits and np.any(memory > mem_cap):
         fits = False
         why.append("does not fit: model state exceeds a device's memory")
-    compute = np.array([w.fixed_s + b * w.per_sample_s if b > 0 else 0.0
-                        for w, b in zip(cluster.workers, shares)])
+    compute = np.where(shares > 0, predicted_times(shares, [w.fixed_s for w in cluster.workers],
+                                                   [w.per_sample_s for w in cluster.workers]), 0.0)
     nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
     comm = comm_time(cand.mode, nbytes, wbw, cbw) / fitted.efficiency if n > 1 else 0.0
     codec_s = fitted.codec_s_per_byte.get(cand.codec, 0.0) * model.grad_bytes if n > 1 else 0.0
@@ -207,9 +208,11 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
 
 def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
                policies=SHARE_POLICIES, overlaps=(False, True)) -> list[Candidate]:
-    """Every candidate the cluster allows (BytePS and PS need CPU machines)."""
+    """Every candidate the runtime can run on the cluster: BytePS and PS need CPU machines;
+    codecs need summation servers to decode (all-reduce sums fp32 only)."""
     usable = [m for m in modes if m == "allreduce" or cluster.cpu_bandwidth]
-    return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs]
+    return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs
+            if m != "allreduce" or c == "fp32"]
 
 
 def rank(preds: list[Prediction], target: float | None = None, budget: float | None = None) -> list[Prediction]:

@@ -87,7 +87,14 @@ class ActivationMeter:
 
     def __init__(self) -> None:
         self.peak = 0
+        self.per_sample = 0.0  # largest bytes per sample of a step (set through `of(samples)`)
         self._now = 0
+        self._samples = 0
+
+    def of(self, samples: int) -> "ActivationMeter":
+        """Meter the next step, of `samples` samples."""
+        self._samples = samples
+        return self
 
     def __enter__(self):
         self._now = 0
@@ -103,6 +110,8 @@ class ActivationMeter:
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
         self.peak = max(self.peak, self._now)
+        if self._samples > 0:
+            self.per_sample = max(self.per_sample, self._now / self._samples)
 
 
 def state_bytes(model, optimizer) -> int:
@@ -114,6 +123,21 @@ def state_bytes(model, optimizer) -> int:
     for st in opt.state.values():
         total += sum(v.numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
     return int(total)
+
+
+PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profiling round: stop after N steps
+
+
+def profile_steps() -> int:
+    """Steps a profiling round runs (0: no limit, train as asked)."""
+    return int(os.environ.get(PROFILE_STEPS_ENV, "0") or 0)
+
+
+def model_facts(model, acts: ActivationMeter) -> dict:
+    """What a planner needs of the model, measured in the run: gradient bytes (fp32) and
+    activation bytes kept for backward per sample."""
+    return {"grad_bytes": float(sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)),
+            "act_bytes_per_sample": float(acts.per_sample)}
 
 
 def prediction_check(plan: dict, measured_step_s: float, memory: dict[str, float],
