@@ -12,7 +12,9 @@ workers finish together), whether gradients are pushed while backward still runs
     M         = gradient bytes · codec ratio                 (fp32 1, fp16 1/2, int8 1/4, int4 1/8)
     comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC;
                                                                BytePS: the LP split of perf.comm;
-                                                               PS: the busiest NIC of n·M/k)
+                                                               PS: the busiest NIC of n·M/k; with
+                                                               servers, push + pull of the last
+                                                               partition do not overlap: `comm_time`)
     codec     = codec seconds per fp32 byte · gradient bytes (encode + decode, fitted)
     exposed   = comm + codec                                 (no overlap)
               = max(comm + codec − hide · max_i compute_i, (comm + codec) / partitions)   (overlap)
@@ -62,6 +64,8 @@ class JobCluster:
     workers: tuple[JobWorker, ...]
     cpu_bandwidth: tuple[float, ...] = ()     # CPU-only machines' NICs (summation servers)
     cpu_price_per_hour: tuple[float, ...] = ()
+    duplex: bool = True            # both directions of a NIC limited (False: uploads only, the in-process limiter)
+    partition_bytes: float = 4_096_000  # the runtime's partition size (BytePS default)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -126,19 +130,50 @@ class Prediction:
         return self.dollars_per_hour / (self.samples_per_s * 3600.0) * 1e6
 
 
-def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> float:
-    """Seconds to sum `nbytes` of gradient over the workers in `mode` (nominal rates)."""
+def _phases(mode: str, nbytes: float, n: int, wbw: np.ndarray, cbw: np.ndarray):
+    """Bytes each machine sends (up) and receives (down) in the push and the pull phase,
+    workers first then CPU machines: ((push_up, push_down), (pull_up, pull_down))."""
+    k = len(cbw)
+    if mode == "byteps":
+        split = optimal_split(nbytes, wbw, cbw)
+        m, c = split.gpu_bytes, split.cpu_bytes
+    elif mode == "ps":
+        if k == 0:
+            raise UserError("a parameter server needs CPU machines")
+        m, c = np.zeros(n), np.full(k, nbytes / k)
+    else:
+        raise UserError(f"unknown server mode {mode!r}")
+    push_up = np.concatenate([nbytes - m, np.zeros(k)])
+    push_down = np.concatenate([(n - 1) * m, n * c])
+    return (push_up, push_down), (push_down, push_up)  # a pull mirrors its push
+
+
+def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray, duplex: bool = True,
+              partitions: int = 1) -> float:
+    """Seconds to sum `nbytes` of gradient over the workers in `mode` (nominal rates).
+
+    Ring all-reduce moves 2(n-1)/n·M through every NIC each way. With summation servers
+    (BytePS, PS) a partition is pushed, summed, then pulled: with `partitions` pieces in
+    flight the NICs carry push and pull at once except for the last piece, so the time
+    runs from push + pull (one partition) down to the NIC's total bytes over its rate
+    (many; the BytePS paper's t_opt). `duplex`: both directions of a NIC are limited (real
+    links, tc in network namespaces); False: only uploads are (the in-process limiter)."""
     n = len(worker_bw)
+    if n <= 1:
+        return 0.0
     if mode == "allreduce":
         return ring_allreduce_time(nbytes, n, float(np.min(worker_bw)))
-    if mode == "byteps":
-        return optimal_split(nbytes, worker_bw, cpu_bw).time_s
-    if mode == "ps":
-        if len(cpu_bw) == 0:
-            raise UserError("a parameter server needs CPU machines")
-        # every worker moves M each way; CPU machine j holds M/k and moves n·M/k each way
-        return float(max(np.max(nbytes / worker_bw), np.max(n * nbytes / len(cpu_bw) / cpu_bw)))
-    raise UserError(f"unknown communication mode {mode!r}; choose one of {COMM_MODES}")
+    if mode not in ("byteps", "ps"):
+        raise UserError(f"unknown communication mode {mode!r}; choose one of {COMM_MODES}")
+    bw = np.concatenate([worker_bw, cpu_bw])
+    (pu, pd), (qu, qd) = _phases(mode, nbytes, n, worker_bw, cpu_bw)
+
+    def phase(up, down):
+        return float(np.max((np.maximum(up, down) if duplex else up) / bw))
+
+    push, pull, total = phase(pu, pd), phase(qu, qd), phase(pu + qu, pd + qd)
+    p = max(1, int(partitions))
+    return total + (push + pull - total) / p
 
 
 def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.ndarray) -> np.ndarray:
@@ -191,7 +226,8 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
     compute = np.where(shares > 0, predicted_times(shares, [w.fixed_s for w in cluster.workers],
                                                    [w.per_sample_s for w in cluster.workers]), 0.0)
     nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
-    comm = comm_time(cand.mode, nbytes, wbw, cbw) / fitted.efficiency if n > 1 else 0.0
+    parts = int(np.ceil(nbytes / cluster.partition_bytes))
+    comm = comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, parts) / fitted.efficiency
     codec_s = fitted.codec_s_per_byte.get(cand.codec, 0.0) * model.grad_bytes if n > 1 else 0.0
     exposed = comm + codec_s
     slowest = float(compute.max())

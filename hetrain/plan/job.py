@@ -74,7 +74,9 @@ def job_cluster(cluster: ClusterSpec, profile=None, cost_per_sample: float | Non
                                      kind.price_per_hour or 0.0))
     cpu = cluster.cpu_machines
     cpu_price = tuple(cluster.kind("cpu").price_per_hour or 0.0 for _ in cpu)
-    return JobCluster(tuple(workers), tuple(m.bandwidth for m in cpu), cpu_price)
+    # the in-process rate limiter paces uploads only; tc (netns) and real NICs limit both directions
+    duplex = cluster.network.emulate != "ratelimit"
+    return JobCluster(tuple(workers), tuple(m.bandwidth for m in cpu), cpu_price, duplex=duplex)
 
 
 def plan_job(model: JobModel, cluster: JobCluster, global_batch: int, target: float | None = None,
