@@ -82,16 +82,15 @@ def run_candidate(model: str, spec: dict, cand: Candidate, profile, fitted, samp
 
 
 def candidates_to_run(preds) -> list:
-    """The plan picked, and the best candidate of every other mode and share policy."""
-    picked = [preds[0].candidate]
+    """The plan picked, the best candidate of another communication mode, and the best
+    with the other share policy (three runs per configuration keep the run short)."""
+    first = preds[0].candidate
+    picked = [first]
     for key in ("mode", "shares"):
-        seen = {getattr(preds[0].candidate, key)}
-        for p in preds:
-            v = getattr(p.candidate, key)
-            if v not in seen and p.fits:
-                seen.add(v)
-                if p.candidate not in picked:
-                    picked.append(p.candidate)
+        other = next((p.candidate for p in preds if p.fits and getattr(p.candidate, key) != getattr(first, key)
+                      and p.candidate not in picked), None)
+        if other is not None:
+            picked.append(other)
     return picked
 
 

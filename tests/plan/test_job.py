@@ -52,7 +52,7 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
             "ps": lambda: max(m, n * m / max(k, 1)) / bw}[cand.mode]() / fitted.efficiency
     exposed = comm + fitted.codec_s_per_byte[cand.codec] * model.grad_bytes
     if cand.overlap:
-        exposed = max(exposed - model.backward_fraction * compute, exposed / fitted.partitions)
+        exposed = max(exposed - cluster.overlap_window * compute, exposed / fitted.partitions)
     return compute + exposed + fitted.overhead_s
 
 
