@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(args: argparse.Namespace) -> int:
     from ..cluster.spec import load_cluster
-    from .job import DEMO, demo_model, job_cluster, model_from_profile, plan_job, table, to_plan
+    from .job import DEMO, demo_model, heterps_row, job_cluster, model_from_profile, plan_job, table, to_plan
     from .profile import load_or_profile
 
     if args.catalogue:
@@ -89,6 +89,7 @@ def run_job(args: argparse.Namespace) -> int:
     print(f"model {model.name} ({model.grad_bytes / 1e6:.2f} MB of gradients), cluster {cluster.name}: "
           f"{len(jc.workers)} workers, {len(jc.cpu_bandwidth)} CPU machines; global batch {args.global_batch}")
     print(table(preds))
+    print(heterps_row(profile, args.cluster, args.global_batch))
     best = preds[0]
     plan = to_plan(best, preds, model.name, cluster, jc, args.cost_per_sample, args.epochs)
     plan.save(args.out)

@@ -92,6 +92,34 @@ def plan_job(model: JobModel, cluster: JobCluster, global_batch: int, target: fl
     return rank(preds, target, budget)
 
 
+def heterps_row(profile, cluster_path: str, global_batch: int) -> str:
+    """The HeterPS alternative on the same machines: the highest throughput a layer placement
+    (pipeline stages over the cluster's kinds, perf/pipeline.py) reaches and what it costs, or
+    why it cannot be weighed (kinds not described for planning, the demo's model)."""
+    from ..perf.pipeline import CostParams
+    from .base import Problem, get_planner
+    from .catalogue import CatalogueError, load_catalogue
+    from .exact import max_throughput
+
+    if profile is None:
+        return "HeterPS layer placement: not weighed (the demo's model is not a layer chain)"
+    try:
+        catalogue = load_catalogue(cluster_path)
+    except CatalogueError as err:
+        return f"HeterPS layer placement: not weighed ({str(err).split(': ', 1)[-1]})"
+    problem = Problem(profile.workload(catalogue), 1.0, CostParams(batch_size=global_batch))
+    best, _ = max_throughput(problem)
+    if best <= 0:
+        return "HeterPS layer placement: no placement fits the cluster's kinds"
+    result = get_planner("exact").plan(problem.with_target(best * 0.999))
+    names = catalogue.names
+    stages = " | ".join(f"layers {st.start}-{st.end - 1} on {names[st.rtype]} x{st.instances}"
+                        for st in result.score.stages)
+    per_m = result.score.hourly / (best * 3600) * 1e6 if result.feasible else float("nan")
+    return (f"HeterPS layer placement on the same kinds: up to {best:,.1f} samples/s ({stages}), ${per_m:.3f}/1M "
+            f"samples; run it with `hetrain plan --catalogue {cluster_path}` and `hetrain train --plan`")
+
+
 def table(preds: list[Prediction], top: int = 12) -> str:
     head = f"{'#':>3} {'candidate':<34}{'samples/s':>11}{'step ms':>9}{'memory':>8}{'$/1M':>9}  why"
     lines = [head, "-" * 100]

@@ -166,7 +166,7 @@ def test_launch_plan_runs_the_demo_and_records_its_prediction(tmp_path):
     assert cli(["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", "digits", "--cost-per-sample", "0.001",
                 "--out", str(plan), "--epochs", "1"]) == 0
     run = tmp_path / "run"
-    proc = _launch("--plan", str(plan), "--run-dir", str(run), "--quiet")
+    proc = _launch("--plan", str(plan), "--run-dir", str(run))
     check = json.loads((run / "summary.json").read_text())["prediction"]
     assert check["candidate"] == load_job_plan(plan).ranking[0]["candidate"]
     assert check["measured_step_s"] > 0 and check["predicted_step_s"] > 0
@@ -179,7 +179,7 @@ def test_launch_auto_profiles_plans_and_continues(tmp_path):
     (tmp_path / "c.yaml").write_text(CLUSTER)
     run = tmp_path / "run"
     proc = _launch("--auto", "--auto-steps", "6", "--cluster", str(tmp_path / "c.yaml"), "--mode", "allreduce",
-                   "--run-dir", str(run), "--quiet", "-m", "hetrain.demo.digits", "--epochs", "1",
+                   "--run-dir", str(run), "-m", "hetrain.demo.digits", "--epochs", "1",
                    "--cost-per-sample", "0.001")
     assert "profiling 6 steps" in proc.stdout and "continuing with" in proc.stdout
     plan = load_job_plan(run / "plan.json")
