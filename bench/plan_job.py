@@ -95,10 +95,12 @@ def candidates_to_run(preds) -> list:
 
 
 def calibrate(profiles, samples: int, workdir: Path):
-    """Fit overhead and achieved bandwidth on the calibration cluster (fp32, no overlap)."""
+    """Fit the constants on the calibration cluster: overhead and achieved bandwidth (fp32,
+    no overlap, two modes), the codec's compute (int4), what overlap adds (fp32)."""
     model, spec = CALIBRATION
     obs, rows = [], []
-    for cand in (Candidate("allreduce", "balanced", False, "fp32"), Candidate("ps", "balanced", False, "fp32")):
+    for cand in (Candidate("allreduce", "balanced", False, "fp32"), Candidate("ps", "balanced", False, "fp32"),
+                 Candidate("byteps", "balanced", False, "int4"), Candidate("byteps", "balanced", True, "fp32")):
         r = run_candidate(model, spec, cand, profiles[model], DEFAULT_FITTED, samples, workdir)
         jc = job_cluster(parse_cluster(spec), cost_per_sample=COST)
         obs.append((predict(cand, model_from_profile(profiles[model]), jc, BATCH, DEFAULT_FITTED), r["measured_s"]))
@@ -106,7 +108,8 @@ def calibrate(profiles, samples: int, workdir: Path):
         print(f"calibration {cand.label():36s} ideal {r['predicted_s'] * 1e3:7.1f} ms, measured "
               f"{r['measured_s'] * 1e3:7.1f} ms (load {r['load']:.1f})", flush=True)
     fitted = fit(obs, DEFAULT_FITTED)
-    print(f"fitted: overhead {fitted.overhead_s * 1e3:.1f} ms/step, bandwidth efficiency {fitted.efficiency:.3f}")
+    print(f"fitted: overhead {fitted.overhead_s * 1e3:.1f} ms/step, bandwidth efficiency {fitted.efficiency:.3f}, "
+          f"codec compute x{fitted.codec_scale:.2f}, overlap {fitted.overlap_s * 1e3:.1f} ms/step")
     return fitted, rows
 
 
@@ -142,7 +145,8 @@ def main(argv=None) -> int:
                       f"{'  <- picked' if r['picked'] else ''}  load {r['load']:.1f}", flush=True)
     summary = summarise(runs, configs)
     out = {"cost_per_sample": COST, "global_batch": BATCH, "samples_per_run": samples, "repeats": repeats,
-           "fitted": {"overhead_s": fitted.overhead_s, "efficiency": fitted.efficiency}, "calibration": calib,
+           "fitted": {"overhead_s": fitted.overhead_s, "efficiency": fitted.efficiency,
+                      "codec_scale": fitted.codec_scale, "overlap_s": fitted.overlap_s}, "calibration": calib,
            "runs": runs, "configs": summary, "load_start": load0, "load_end": os.getloadavg(),
            "wall_s": time.perf_counter() - t_start, "quick": args.quick}
     print_summary(summary)

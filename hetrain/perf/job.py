@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
-from .comm import optimal_split, ring_allreduce_time
+from .comm import byteps_shares, ring_allreduce_time
 from .steptime import predicted_times, solve_shares
 
 CommMode = Literal["allreduce", "byteps", "ps"]
@@ -97,6 +97,8 @@ class Fitted:
     overhead_s: float = 0.0         # seconds per step the framework adds
     efficiency: float = 1.0         # achieved / nominal bandwidth
     codec_s_per_byte: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CODEC_RATIO})
+    codec_scale: float = 1.0        # measured / nominal codec compute (a loaded host encodes slower)
+    overlap_s: float = 0.0          # seconds per step overlap adds (a message per tensor, hooks)
     partitions: int = 4             # pieces an overlapped exchange is cut into (the last is never hidden)
 
 
@@ -123,6 +125,7 @@ class Prediction:
     fits: bool
     dollars_per_hour: float
     why: str
+    parts: dict = field(default_factory=dict)  # nominal terms of the step, what `fit` adjusts
 
     @property
     def samples_per_s(self) -> float:
@@ -138,8 +141,7 @@ def _phases(mode: str, nbytes: float, n: int, wbw: np.ndarray, cbw: np.ndarray):
     workers first then CPU machines: ((push_up, push_down), (pull_up, pull_down))."""
     k = len(cbw)
     if mode == "byteps":
-        split = optimal_split(nbytes, wbw, cbw)
-        m, c = split.gpu_bytes, split.cpu_bytes
+        m, c = (f * nbytes for f in byteps_shares(wbw, cbw))
     elif mode == "ps":
         if k == 0:
             raise UserError("a parameter server needs CPU machines")
@@ -229,20 +231,41 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
     compute = np.where(shares > 0, predicted_times(shares, [w.fixed_s for w in cluster.workers],
                                                    [w.per_sample_s for w in cluster.workers]), 0.0)
     nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
-    parts = int(np.ceil(nbytes / cluster.partition_bytes))
-    comm = comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, parts) / fitted.efficiency
-    codec_s = fitted.codec_s_per_byte.get(cand.codec, 0.0) * model.grad_bytes if n > 1 else 0.0
-    exposed = comm + codec_s
-    slowest = float(compute.max())
-    if cand.overlap and exposed > 0:
-        exposed = max(exposed - cluster.overlap_window * slowest, exposed / max(1, fitted.partitions))
-    step = slowest + exposed + fitted.overhead_s
+    pieces = int(np.ceil(nbytes / cluster.partition_bytes))
+    parts = {"compute": float(compute.max()), "window": cluster.overlap_window,
+             "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
+             "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
+    step, exposed = step_time(parts, cand, fitted)
+    slowest = parts["compute"]
     price = sum(w.price_per_hour for w in cluster.workers)
     if cand.mode in ("byteps", "ps"):
         price += sum(cluster.cpu_price_per_hour)
     why.append(f"compute {slowest * 1e3:.1f} ms (slowest worker), exchange {exposed * 1e3:.1f} ms"
                + (" after overlap" if cand.overlap else ""))
-    return Prediction(cand, step, global_batch, shares, compute, exposed, memory, fits, price, "; ".join(why))
+    return Prediction(cand, step, global_batch, shares, compute, exposed, memory, fits, price, "; ".join(why), parts)
+
+
+def codec_work(cand: Candidate, model: JobModel, wbw: np.ndarray, cbw: np.ndarray) -> float:
+    """fp32 bytes encoded and decoded on a step's critical path: a worker's own gradient
+    (encode, then decode the sum), then the busiest server's share, which it decodes from
+    each of the n workers and encodes once: about (n+1)/2 encode+decode passes."""
+    n = len(wbw)
+    if cand.codec == "fp32" or n <= 1 or cand.mode == "allreduce":
+        return 0.0
+    if cand.mode == "ps":
+        server = model.grad_bytes / len(cbw)
+    else:
+        gpu, cpu = byteps_shares(wbw, cbw)
+        server = model.grad_bytes * float(max(gpu.max(), cpu.max() if len(cbw) else 0.0))
+    return model.grad_bytes + (n + 1) / 2 * server
+
+
+def step_time(parts: dict, cand: Candidate, fitted: Fitted) -> tuple[float, float]:
+    """(step seconds, exposed exchange seconds) from a candidate's nominal parts."""
+    exposed = parts["comm"] / fitted.efficiency + parts["codec"] * fitted.codec_scale
+    if cand.overlap and exposed > 0:
+        exposed = max(exposed - parts["window"] * parts["compute"], exposed / max(1, fitted.partitions))
+    return parts["compute"] + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0), exposed
 
 
 def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
@@ -271,25 +294,32 @@ def rank(preds: list[Prediction], target: float | None = None, budget: float | N
 
 
 def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -> Fitted:
-    """Fit `overhead_s` and `efficiency` to measured step times: measured ≈ overhead +
-    compute + comm/efficiency, least squares on (overhead, 1/efficiency) over candidates
-    run without overlap and codec (their parts are additive), each with its predictions
-    made under `base`. Needs two runs whose exchange times differ; with one, only the
-    overhead is fitted."""
-    rows, y = [], []
-    for pred, measured in observations:
-        c = pred.candidate
-        if c.overlap or c.codec != "fp32":
-            continue
-        comm_nominal = (pred.comm_s - base.codec_s_per_byte.get(c.codec, 0.0)) * base.efficiency
-        rows.append((1.0, comm_nominal))
-        y.append(measured - float(pred.compute_s.max()))
-    if not rows:
+    """Fit the model's constants to measured step times, in three steps whose terms add up:
+
+    1. `overhead_s` and `efficiency`: least squares of measured − compute ≈ overhead +
+       comm/efficiency over runs without overlap and codec (with one such run, or an
+       efficiency above 1, only the overhead);
+    2. `codec_scale`: the median of (measured − the fp32 terms) / nominal codec time over
+       codec runs without overlap;
+    3. `overlap_s`: the median of measured − predicted over overlapped runs.
+    Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
+    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
+    if not plain:
         raise UserError("fitting the cost model needs at least one measured run without overlap and codec")
-    a, y = np.array(rows), np.array(y)
-    if len(rows) >= 2 and np.ptp(a[:, 1]) > 1e-9:
+    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
+    y = np.array([m - p.parts["compute"] for p, m in plain])
+    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
+    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
         (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
         if inv_eff >= 1.0 and over >= 0:
-            return replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
-    over = float(np.median(y - a[:, 1] / base.efficiency))
-    return replace(base, overhead_s=max(0.0, over))
+            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
+    coded = [(p, m) for p, m in observations if not p.candidate.overlap and p.parts["codec"] > 0]
+    if coded:
+        scale = [(m - step_time({**p.parts, "codec": 0.0}, p.candidate, fitted)[0]) / p.parts["codec"]
+                 for p, m in coded]
+        fitted = replace(fitted, codec_scale=max(0.0, float(np.median(scale))))
+    lapped = [(p, m) for p, m in observations if p.candidate.overlap]
+    if lapped:
+        extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
+        fitted = replace(fitted, overlap_s=max(0.0, float(np.median(extra))))
+    return fitted

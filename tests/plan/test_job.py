@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hetrain.cli import main as cli
-from hetrain.perf.comm import byteps_time, ring_allreduce_time
+from hetrain.perf.comm import byteps_split, byteps_time, ring_allreduce_time
 from hetrain.perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, candidates,
                               comm_time, fit, predict, rank)
 from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, plan_job
@@ -27,7 +27,8 @@ def synthetic(rng, n: int, k: int):
     cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6)
     model = JobModel("m", float(rng.choice([1e5, 1e6, 1e7])), float(rng.uniform(1e3, 1e5)))
     fitted = Fitted(overhead_s=float(rng.uniform(0, 0.01)), efficiency=float(rng.uniform(0.5, 1.0)),
-                    codec_s_per_byte={c: float(rng.uniform(0, 5e-9)) for c in CODEC_RATIO})
+                    codec_s_per_byte={c: float(rng.uniform(0, 5e-9)) for c in CODEC_RATIO},
+                    codec_scale=float(rng.uniform(1, 4)), overlap_s=float(rng.uniform(0, 0.005)))
     return cluster, model, fitted
 
 
@@ -50,10 +51,15 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
     k = len(cluster.cpu_bandwidth)
     comm = {"allreduce": lambda: ring_allreduce_time(m, n, bw), "byteps": lambda: byteps_time(m, n, k, bw),
             "ps": lambda: max(m, n * m / max(k, 1)) / bw}[cand.mode]() / fitted.efficiency
-    exposed = comm + fitted.codec_s_per_byte[cand.codec] * model.grad_bytes
+    codec = 0.0
+    if cand.codec != "fp32":  # workers encode+decode M; the busiest server decodes n shares, encodes one
+        g = model.grad_bytes
+        server = g / k if cand.mode == "ps" else max(byteps_split(n, k, g))
+        codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
+    exposed = comm + codec
     if cand.overlap:
         exposed = max(exposed - cluster.overlap_window * compute, exposed / fitted.partitions)
-    return compute + exposed + fitted.overhead_s
+    return compute + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0)
 
 
 @pytest.mark.parametrize("seed", range(12))
