@@ -152,7 +152,7 @@ def _auto(args, argv: list[str]) -> int:
     from ..plan.auto import fitted_from_run
     from ..plan.job import plan_job, table, to_plan
     from ..train.summary import PROFILE_STEPS_ENV
-    from .launcher import launch
+    from .launch import launch
 
     if not argv:
         raise UserError("--auto needs the training script (e.g. `hetrain launch --auto -m hetrain.demo.digits`)")
