@@ -1,6 +1,7 @@
 """CUDA tensors on the data plane: the engine's only CUDA-specific module.
 
-Three stagings (see comm/staging.py for the calls they share):
+Three stagings (see comm/staging.py for the calls they share; the two work stagings
+build on its `WorkStaging`: work buffer views, the pre-scaled fill, the host wire):
 
 - `CudaDirect`: a GPU worker pushing to summation servers over gloo. Each gradient's
   hook records an event on the compute stream; a device-to-host copy stream waits on it
@@ -29,7 +30,7 @@ import torch
 
 from .compress import ErrorFeedback
 from .flatlayout import FlatLayout
-from .staging import Staging
+from .staging import Staging, WorkStaging
 from .wire import decode_part, encode_part, payload_bytes
 
 
@@ -105,6 +106,19 @@ class Cuda:
             return ev.query()
         except RuntimeError as err:
             raise self.lost(what, err) from None
+
+
+def _pinned_views(st, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A partition's pinned host bytes (fp32 `host`, or the encoded `payload`), sent and
+    received in place: the sum arrives after the server has our push, so after the send
+    read it."""
+    if st.layout.wire is None:
+        p = st.layout.parts[pid]
+        v = st.host[p.start: p.start + p.length]
+    else:
+        w = st.layout.wire[pid]
+        v = st.payload[w.offset: w.offset + w.nbytes]
+    return v, v
 
 
 class _CudaStaging(Staging):
@@ -213,13 +227,7 @@ class CudaDirect(_CudaStaging):
         return self._poll(wait, "copying gradients to host memory")
 
     def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout.wire is None:
-            p = self.layout.parts[pid]
-            v = self.host[p.start: p.start + p.length]
-        else:
-            w = self.layout.wire[pid]
-            v = self.payload[w.offset: w.offset + w.nbytes]
-        return v, v  # the sum arrives after the server has our push, so after the send read it
+        return _pinned_views(self, pid)
 
     @_on_device("copying a sum back to the GPU")
     def stage_in(self, pid: int) -> None:
@@ -238,20 +246,17 @@ class CudaDirect(_CudaStaging):
                 self.src[i][lo - a: hi - a].copy_(self.dev[lo:hi])
 
 
-class CudaWorkHost(_CudaStaging):
+class CudaWorkHost(_CudaStaging, WorkStaging):
     """Collectives over gloo on CUDA tensors: a pinned work buffer, filled (pre-scaled on
-    the GPU) by the copy stream; results go back by the host-to-device stream."""
+    the GPU) by the copy stream; results go back by the host-to-device stream. The server
+    leg is the host work staging's (comm/staging.py): the local sum is on the host here."""
 
     def __init__(self, layout: FlatLayout, cuda: Cuda):
         super().__init__(layout, cuda)
         numel = layout.numel
         self.work = cuda.pinned(numel)
         self.dev = cuda.empty(numel)  # pre-scaled gradients, before the copy
-        if layout.wire is not None:  # the local sum is on the host here: encode there
-            total = payload_bytes(list(layout.wire))
-            self.psend = torch.zeros(total, dtype=torch.uint8)
-            self.precv = torch.zeros(total, dtype=torch.uint8)
-            self.feedback = ErrorFeedback(numel)
+        self._host_wire()
 
     @_on_device("copying a gradient off the GPU")
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
@@ -271,10 +276,6 @@ class CudaWorkHost(_CudaStaging):
     def work_ready(self, wait: bool) -> list[int]:
         return self._poll(wait, "copying gradients to host memory")
 
-    def work_view(self, pid: int) -> torch.Tensor:
-        p = self.layout.parts[pid]
-        return self.work[p.start: p.start + p.length]
-
     @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
         self._out.append(pid)  # already in host memory
@@ -287,21 +288,6 @@ class CudaWorkHost(_CudaStaging):
     def outstanding(self) -> int:
         return len(self._out)
 
-    def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout.wire is None:
-            v = self.work_view(pid)
-            return v, v
-        w = self.layout.wire[pid]
-        sbuf = self.psend[w.offset: w.offset + w.nbytes]
-        encode_part(w, self.work, sbuf, self.feedback)
-        return sbuf, self.precv[w.offset: w.offset + w.nbytes]
-
-    @_on_device("copying a sum back to the GPU")
-    def stage_in(self, pid: int) -> None:
-        if self.layout.wire is not None:
-            w = self.layout.wire[pid]
-            decode_part(w, self.precv[w.offset: w.offset + w.nbytes], self.work)
-
     @_on_device("writing results into the gradients")
     def deliver(self, pid: int) -> None:
         with torch.cuda.stream(self.cuda.h2d):
@@ -310,7 +296,7 @@ class CudaWorkHost(_CudaStaging):
                 self.src[i][lo - a: hi - a].copy_(self.work[lo:hi], non_blocking=True)
 
 
-class CudaWorkDevice(_CudaStaging):
+class CudaWorkDevice(_CudaStaging, WorkStaging):
     """Collectives over NCCL: the work buffer is on the GPU, filled on the compute stream.
     Partitions this worker pushes to the servers are copied out after the local reduce
     and back before the local broadcast (which waits on `in_event`)."""
@@ -341,19 +327,9 @@ class CudaWorkDevice(_CudaStaging):
         self.users[i] = td
         if not td.is_contiguous():
             self.whole.add(i)
-        src = td.reshape(-1)[lo:hi]
-        dst = self.work[a + lo: a + hi]
-        if self.scale != 1.0:
-            torch.mul(src, self.scale, out=dst)
-        else:
-            dst.copy_(src)
-        done = self._count(i, lo, hi)
+        done = self._fill_work(i, td, lo, hi)  # on the compute stream, which NCCL orders after
         self._ready.extend(done)
         return done
-
-    def work_view(self, pid: int) -> torch.Tensor:
-        p = self.layout.parts[pid]
-        return self.work[p.start: p.start + p.length]
 
     @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
@@ -377,13 +353,7 @@ class CudaWorkDevice(_CudaStaging):
         return self._poll(wait, "copying a partition to host memory")
 
     def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layout.wire is None:
-            p = self.layout.parts[pid]
-            v = self.host[p.start: p.start + p.length]
-        else:
-            w = self.layout.wire[pid]
-            v = self.payload[w.offset: w.offset + w.nbytes]
-        return v, v
+        return _pinned_views(self, pid)
 
     @_on_device("copying a sum back to the GPU")
     def stage_in(self, pid: int) -> None:

@@ -10,8 +10,9 @@ where those bytes live and how they get there and back:
   of a machine's workers): the gradients are copied, pre-scaled, into a flat work buffer
   on which collectives run, and the results are copied back.
 
-This module holds the host (CPU tensor) stagings. CUDA tensors use the stagings of
-comm/cuda.py: pinned host buffers, a device-to-host copy stream that waits on an event
+This module holds the host (CPU tensor) stagings and `WorkStaging`, the work buffer's
+calls that every work staging shares (host and CUDA alike). CUDA tensors use the
+stagings of comm/cuda.py: pinned host buffers, a device-to-host copy stream that waits on an event
 recorded when each gradient is ready, and a host-to-device stream the compute stream
 waits on, so no device pointer ever reaches gloo and backward is never blocked.
 
@@ -179,26 +180,20 @@ class HostDirect(Staging):
                 t.copy_(self.recv[a:b].view_as(t))
 
 
-class HostWork(Staging):
-    """Host tensors into a flat work buffer, pre-scaled, for collectives (all-reduce, or a
-    machine's local reduce before its owner pushes to the servers). The server leg sends
-    from and receives into the work buffer (through a payload buffer with a codec)."""
+class WorkStaging(Staging):
+    """Shared by every work staging (host, and CUDA over gloo or NCCL: comm/cuda.py): the
+    flat work buffer `self.work` and its partitions' views, the pre-scaled fill on the
+    current stream, and, where the work buffer is in host memory, the server leg's wire
+    bytes (the buffer itself, or a payload encoded from it with error feedback)."""
 
-    def __init__(self, layout: FlatLayout):
-        super().__init__(layout)
-        self.work = torch.empty(layout.numel, dtype=torch.float32)
-        if layout.wire is not None:
-            total = payload_bytes(list(layout.wire))
-            self.psend = torch.zeros(total, dtype=torch.uint8)
-            self.precv = torch.zeros(total, dtype=torch.uint8)
-            self.feedback = ErrorFeedback(layout.numel)
+    work: torch.Tensor
 
-    def begin(self, scale: float = 1.0) -> None:
-        super().begin(scale)
-        self.targets: dict[int, torch.Tensor | None] = {}
+    def work_view(self, pid: int) -> torch.Tensor:
+        p = self.layout.parts[pid]
+        return self.work[p.start: p.start + p.length]
 
-    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        self.targets[i] = _flat_of(t)
+    def _fill_work(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        """Elements [lo, hi) of tensor i, times the step's scale, into the work buffer."""
         a = self.layout.bounds[i]
         src = t.detach().reshape(-1)[lo:hi]
         dst = self.work[a + lo: a + hi]
@@ -206,15 +201,18 @@ class HostWork(Staging):
             torch.mul(src, self.scale, out=dst)
         else:
             dst.copy_(src)
-        done = self._count(i, lo, hi)
-        self._ready.extend(done)
-        return done
+        return self._count(i, lo, hi)
 
-    def work_view(self, pid: int) -> torch.Tensor:
-        p = self.layout.parts[pid]
-        return self.work[p.start: p.start + p.length]
+    def _host_wire(self) -> None:
+        """Payload buffers and error feedback in host memory, for a codec on the host."""
+        if self.layout.wire is not None:
+            total = payload_bytes(list(self.layout.wire))
+            self.psend = torch.zeros(total, dtype=torch.uint8)
+            self.precv = torch.zeros(total, dtype=torch.uint8)
+            self.feedback = ErrorFeedback(self.layout.numel)
 
     def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(send, receive) of a partition from a host work buffer (see _host_wire)."""
         if self.layout.wire is None:
             v = self.work_view(pid)
             return v, v
@@ -227,6 +225,27 @@ class HostWork(Staging):
         if self.layout.wire is not None:
             w = self.layout.wire[pid]
             decode_part(w, self.precv[w.offset: w.offset + w.nbytes], self.work)
+
+
+class HostWork(WorkStaging):
+    """Host tensors into a flat work buffer, pre-scaled, for collectives (all-reduce, or a
+    machine's local reduce before its owner pushes to the servers). The server leg sends
+    from and receives into the work buffer (through a payload buffer with a codec)."""
+
+    def __init__(self, layout: FlatLayout):
+        super().__init__(layout)
+        self.work = torch.empty(layout.numel, dtype=torch.float32)
+        self._host_wire()
+
+    def begin(self, scale: float = 1.0) -> None:
+        super().begin(scale)
+        self.targets: dict[int, torch.Tensor | None] = {}
+
+    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        self.targets[i] = _flat_of(t)
+        done = self._fill_work(i, t, lo, hi)
+        self._ready.extend(done)
+        return done
 
     def deliver(self, pid: int) -> None:
         for i, lo, hi in self.layout.spans[pid]:
