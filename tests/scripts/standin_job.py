@@ -105,6 +105,8 @@ def train(kind: str) -> dict:
         F.cross_entropy(net(x[mine]), y[mine]).backward()
         opt.step()
     assert all(p.device == dev for p in model.parameters())
+    if kind == "ddp":  # DDP's buckets were device tensors: the hook took the CUDA staging
+        assert state.flat is not None and state.flat.device == dev, state.flat.device
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
