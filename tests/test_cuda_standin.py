@@ -96,6 +96,43 @@ def test_guard_under_the_checker(gpu_tests, monkeypatch):
     gpu_tests.test_guard_refuses_cuda_tensors_before_gloo(monkeypatch)
 
 
+@pytest.mark.parametrize("kind", ["CudaWorkHost", "CudaWorkDevice"])
+def test_work_stagings_server_leg_with_codecs_under_the_checker(gpu_tests, kind):
+    """The work stagings' server leg with codecs (a machine's owner encoding its local sum:
+    on the host for the gloo path, on the GPU for the NCCL one), round trip to a stand-in
+    server that echoes the payload, then the results on the compute stream."""
+    from hetrain.comm import cuda
+
+    lay = gpu_tests._layout([(300,), (20, 30)], ["int8", "fp16"], servers=1, part=512)
+    c = cuda.Cuda(torch.device("cuda", 0))
+    s = cuda.CudaWorkDevice(lay, c, server_leg=True) if kind == "CudaWorkDevice" else cuda.CudaWorkHost(lay, c)
+    ts = [torch.randn(300, device="cuda"), torch.randn(20, 30, device="cuda")]
+    orig = [t.clone() for t in ts]
+    s.begin(scale=0.5)
+    for i, t in enumerate(ts):
+        s.fill(i, t, 0, t.numel())
+    ready = []
+    while len(ready) < len(lay.parts):
+        ready += s.work_ready(True)
+    for pid in ready:  # one worker: its local reduce is the identity
+        s.stage_out(pid)
+    out = []
+    while len(out) < len(ready):
+        out += s.out_ready(True)
+    for pid in out:
+        sbuf, rbuf = s.views(pid)
+        assert sbuf.device.type == "cpu" and sbuf.dtype == torch.uint8
+        rbuf.copy_(sbuf)
+        s.stage_in(pid)
+        ev = s.in_event(pid)
+        if ev is not None:  # what the transport's broadcast waits for
+            torch.cuda.current_stream().wait_event(ev)
+        s.deliver(pid)
+    s.complete(ts)
+    for a, b in zip(ts, orig):
+        assert (a - 0.5 * b).abs().max().item() <= 0.02 * b.abs().max().item()
+
+
 # ---- removing one synchronisation makes the checker fire ---------------------------------
 def _direct_round_trip_then_use(gpu_tests):
     """The direct staging's round trip, then the optimizer's use of the results on the
