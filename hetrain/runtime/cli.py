@@ -70,7 +70,7 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _launch_config(args, argv: list[str], cluster=None):
-    from .launcher import LaunchConfig
+    from .launch import LaunchConfig
     from .auth import load_secret
     from .supervisor import ElasticConfig
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
@@ -101,7 +101,7 @@ def _launch_config(args, argv: list[str], cluster=None):
 
 
 def _cmd_launch(args) -> int:
-    from .launcher import launch
+    from .launch import launch
 
     if args.plan and args.auto:
         raise UserError("give --plan FILE (run a plan) or --auto (profile, plan, continue), not both")
@@ -152,7 +152,7 @@ def _auto(args, argv: list[str]) -> int:
     from ..plan.auto import fitted_from_run
     from ..plan.job import plan_job, table, to_plan
     from ..train.summary import PROFILE_STEPS_ENV
-    from .launcher import launch
+    from .launch import launch
 
     if not argv:
         raise UserError("--auto needs the training script (e.g. `hetrain launch --auto -m hetrain.demo.digits`)")
@@ -182,7 +182,7 @@ def _auto(args, argv: list[str]) -> int:
 def _cmd_demo(args) -> int:
     """Without --cluster: this host's GPU plus CPU workers where CUDA is available (real
     devices, real compute), else the built-in cluster of emulated speeds."""
-    from .launcher import launch
+    from .launch import launch
 
     argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
     cluster = None
