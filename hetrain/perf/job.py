@@ -76,7 +76,8 @@ class JobCluster:
             raise UserError("a job needs at least one worker")
         if len(self.cpu_price_per_hour) not in (0, len(self.cpu_bandwidth)):
             raise UserError("give one price per CPU machine, or none")
-        if any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers) or any(b <= 0 for b in self.cpu_bandwidth):
+        bad = any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers)
+        if bad or any(b <= 0 for b in self.cpu_bandwidth):
             raise UserError("per-sample times and bandwidths must be > 0")
 
 
