@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from hetrain.cluster.spec import parse_cluster  # noqa: E402
 from hetrain.perf.job import Candidate, fit, predict  # noqa: E402
 from hetrain.plan.job import DEFAULT_FITTED, job_cluster, model_from_profile, plan_job, to_plan  # noqa: E402
-from hetrain.plan.profile import load_or_profile  # noqa: E402
+from hetrain.plan.profile import ModelProfile, load_or_profile  # noqa: E402
 
 COST = 0.004  # seconds per sample at speed 1 (the calibrated device model)
 BATCH = 64
@@ -55,6 +55,17 @@ CONFIGS = [  # (model, cluster)
     ("cnn-small", cluster("two-uneven-2cpu", [1.0, 0.25], 2, "30mbit")),
 ]
 CALIBRATION = ("ctr-small", cluster("calibration", [1.0, 1.0], 1, "60mbit"))
+
+
+def cached_profile(model: str):
+    """The model's layer profile (the one profiler), kept in the temp folder between runs:
+    the bench reads its gradient and activation bytes only, not its times."""
+    path = Path(tempfile.gettempdir()) / f"hetrain-planbench-profile-{model}.json"
+    if path.is_file():
+        return ModelProfile.load(path)
+    prof = load_or_profile(model, batch=16, repeats=3)
+    prof.save(path)
+    return prof
 
 
 def run_candidate(model: str, spec: dict, cand: Candidate, profile, fitted, samples: int, workdir: Path) -> dict:
@@ -123,7 +134,7 @@ def main(argv=None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     samples = 16 * BATCH if args.quick else 24 * BATCH
     t_start = time.perf_counter()
-    profiles = {m: load_or_profile(m, batch=16, repeats=3) for m in {m for m, _ in CONFIGS}}
+    profiles = {m: cached_profile(m) for m in {m for m, _ in CONFIGS}}
     workdir = Path(tempfile.mkdtemp(prefix="hetrain-planbench-"))
     load0 = os.getloadavg()
     fitted, calib = calibrate(profiles, samples, workdir)

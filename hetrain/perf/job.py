@@ -76,7 +76,8 @@ class JobCluster:
             raise UserError("a job needs at least one worker")
         if len(self.cpu_price_per_hour) not in (0, len(self.cpu_bandwidth)):
             raise UserError("give one price per CPU machine, or none")
-        if any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers) or any(b <= 0 for b in self.cpu_bandwidth):
+        bad = any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers)
+        if bad or any(b <= 0 for b in self.cpu_bandwidth):
             raise UserError("per-sample times and bandwidths must be > 0")
 
 
@@ -98,7 +99,9 @@ class Fitted:
     efficiency: float = 1.0         # achieved / nominal bandwidth
     codec_s_per_byte: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CODEC_RATIO})
     codec_scale: float = 1.0        # measured / nominal codec compute (a loaded host encodes slower)
-    overlap_s: float = 0.0          # seconds per step overlap adds (a message per tensor, hooks)
+    # seconds per step overlap adds (a message per tensor, hooks) or, negative, hides of the
+    # framework's own per-step work (it runs beside the compute too); never below -overhead_s
+    overlap_s: float = 0.0
     partitions: int = 4             # pieces an overlapped exchange is cut into (the last is never hidden)
 
 
@@ -301,7 +304,8 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
        efficiency above 1, only the overhead);
     2. `codec_scale`: the median of (measured − the fp32 terms) / nominal codec time over
        codec runs without overlap;
-    3. `overlap_s`: the median of measured − predicted over overlapped runs.
+    3. `overlap_s`: the median of measured − predicted over overlapped runs (negative
+       where overlap also hides part of the per-step overhead; at least −overhead_s).
     Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
     plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
     if not plain:
@@ -321,5 +325,5 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
     lapped = [(p, m) for p, m in observations if p.candidate.overlap]
     if lapped:
         extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
-        fitted = replace(fitted, overlap_s=max(0.0, float(np.median(extra))))
+        fitted = replace(fitted, overlap_s=max(-fitted.overhead_s, float(np.median(extra))))
     return fitted

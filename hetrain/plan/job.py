@@ -204,7 +204,8 @@ def to_plan(best: Prediction, preds: list[Prediction], model: str, cluster: Clus
                     balance="measured" if c.shares == "balanced" else "equal", global_batch=best.global_batch)
     names = [w.name for w in jc.workers]
     pred = JobPrediction(step_s=best.step_s, samples_per_s=best.samples_per_s,
-                         memory=dict(zip(names, map(float, best.memory))), shares=dict(zip(names, map(int, best.shares))),
+                         memory=dict(zip(names, map(float, best.memory))),
+                         shares=dict(zip(names, map(int, best.shares))),
                          dollars_per_hour=best.dollars_per_hour, fits=best.fits, why=best.why)
     ranking = [{"candidate": p.candidate.label(), "predicted_s": p.step_s, "samples_per_s": p.samples_per_s,
                 "fits": p.fits, "dollars_per_million": p.dollars_per_million if p.dollars_per_hour else None,
