@@ -13,7 +13,10 @@ rank that joined last.
 
 The descriptor costs one tiny all-reduce per such operation (DDP's Join pays the same).
 Other collectives (allgather, broadcast, alltoall, reducescatter) are refused with a
-clear error on every worker while one of them has joined.
+clear error on every worker while one of them has joined. Not shadowed: SyncBatchNorm's
+statistics and a GradScaler's inf/NaN agreement (a joined worker runs no forward pass),
+and the broadcasts of parameters, optimizer state and objects; call those when every
+worker is in.
 """
 from __future__ import annotations
 
