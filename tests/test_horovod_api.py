@@ -239,3 +239,11 @@ def test_one_process_forms_and_errors():
     with pytest.raises(AttributeError, match="process sets are not supported"):
         hetrain.add_process_set  # noqa: B018
     assert not hasattr(hetrain, "nonexistent_name")
+
+
+@pytest.mark.slow
+def test_worker_ending_early_without_join_is_named(launch):
+    rc, log, _ = launch("uneven_no_join.py", cluster=small_cluster(workers=2, cpus=1), mode="allreduce", timeout=60)
+    assert rc != 0
+    assert "1 of 2 workers ended the job while the others went on training" in log, log
+    assert "hetrain.join()" in log and "timed out" not in log.lower(), log

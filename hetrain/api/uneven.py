@@ -13,7 +13,10 @@ rank that joined last.
 
 The descriptor costs one tiny all-reduce per such operation (DDP's Join pays the same).
 Other collectives (allgather, broadcast, alltoall, reducescatter) are refused with a
-clear error on every worker while one of them has joined.
+clear error on every worker while one of them has joined. Not shadowed: SyncBatchNorm's
+statistics and a GradScaler's inf/NaN agreement (a joined worker runs no forward pass),
+and the broadcasts of parameters, optimizer state and objects; call those when every
+worker is in.
 """
 from __future__ import annotations
 
@@ -24,15 +27,16 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from .basics import init
+from .basics import _BEFORE_SHUTDOWN, init
 
-# descriptor: [active, kind, a, b, c, d]; active workers send identical ones, joined send zeros
+# descriptor: [active, kind, a, b, c, stopping]; active workers send identical ones, joined
+# workers zeros, a worker leaving the job (shutdown) only stopping = 1
 _WIDTH = 6
 
 
 class Kind(enum.IntEnum):
     NOTHING = 0  # a check with no operation after it (the optimizer's zero_grad)
-    ALLREDUCE = 1  # a = op index, b = dtype index, c = numel, d = divisor (active workers)
+    ALLREDUCE = 1  # a = op index, b = dtype index, c = numel
     BARRIER = 2
     OPTIMIZER = 3  # a = optimizer index (creation order)
     REFUSED = 4  # an operation join cannot shadow: every worker raises
@@ -61,17 +65,23 @@ def register_optimizer(opt) -> int:
     return len(_OPTIMIZERS) - 1
 
 
-def _exchange(desc: list[int]) -> tuple[int, list[int]]:
-    """All-reduce one descriptor; returns (active workers, the active workers' descriptor)."""
+def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
+    """All-reduce one descriptor; returns (active workers, the active workers' descriptor).
+    Raises on every worker when some workers are leaving the job while others are not."""
     ctx = init()
-    t = torch.tensor(desc + [0] * (_WIDTH - len(desc)), dtype=torch.int64)
+    t = torch.tensor(desc + [0] * (_WIDTH - 1 - len(desc)) + [stopping], dtype=torch.int64)
     try:
         dist.all_reduce(t, group=ctx.worker_group)
     except RuntimeError as err:
         raise ctx.peer_error("agreeing which workers have joined", [], err) from None
     _seen[0] += 1
-    active = int(t[0])
-    return active, [int(v) // active for v in t[1:]] if active else [0] * (_WIDTH - 1)
+    active, leaving = int(t[0]), int(t[-1])
+    if 0 < leaving < ctx.num_workers:
+        ctx.failed = True  # no goodbye collectives: the others are not at theirs
+        raise UserError(f"{leaving} of {ctx.num_workers} workers ended the job while the others went on training: "
+                        "every worker must run the same number of steps, or call hetrain.join() when it runs out "
+                        "of data (the others then finish without it)")
+    return active, [int(v) // active for v in t[1:-1]] if active else [0] * (_WIDTH - 2)
 
 
 def announce(kind: Kind, *args: int) -> int:
@@ -124,6 +134,15 @@ def join(device: int = -1) -> int:
     return int(last) % ctx.num_workers
 
 
+def _leave(eng) -> None:
+    """At shutdown, once a DistributedOptimizer exists (its steps announce themselves):
+    tell the workers still training, whose next announcement would otherwise wait for
+    this worker, that it left; they stop with a clear error instead of a timeout."""
+    ctx = eng.ctx
+    if _OPTIMIZERS and ctx.distributed and ctx.num_workers > 1 and not ctx.failed:
+        _exchange([0], stopping=1)
+
+
 def _shadow_optimizer(args: list[int], active: int) -> None:
     _OPTIMIZERS[args[0]]._shadow_exchange()
 
@@ -138,3 +157,4 @@ def _shadow_barrier(args: list[int], active: int) -> None:
 
 _SHADOWS[Kind.OPTIMIZER] = _shadow_optimizer
 _SHADOWS[Kind.BARRIER] = _shadow_barrier
+_BEFORE_SHUTDOWN.append(_leave)
