@@ -56,6 +56,7 @@ class Leader:
             names = [m.name for m in sub.machines]
             # the round's admission nonce exists before any of its processes asks for it
             self.store.set(f"{round_prefix(r)}/hetrain/nonce", uuid.uuid4().hex)
+            self._open_script_store(r)
             if self.multinode:
                 publish_round(self.store, r, names)
             rstore = self._start_round(r, sub, topo)
