@@ -28,15 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hetrain.sched.cluster import parse_cluster_spec  # noqa: E402
 from hetrain.sched.patterns import make_pattern  # noqa: E402
-from hetrain.sched.policies import DEFAULT_POLICY  # noqa: E402
+from hetrain.sched.job import use_goodput  # noqa: E402
+from hetrain.sched.policies import DEFAULT_POLICY, get_policy  # noqa: E402
+from hetrain.sched.public_traces import convert_public  # noqa: E402
 from hetrain.sched.simulator import simulate  # noqa: E402
-from hetrain.sched.trace import load_trace  # noqa: E402
+from hetrain.sched.trace import load_trace, parse_trace_lines  # noqa: E402
 
 CLUSTERS = {"homogeneous": "v100:24", "three-type": "v100:8,p100:8,k80:8"}
 SMALL_CLUSTERS = {"homogeneous": "v100:8", "three-type": "v100:4,p100:4,k80:4"}
 PATTERNS = ["all-at-once", "poisson", "bursts", "poisson-short", "all-at-once-long"]
 TRACES = {"23dbec": None, "51b7ef": None, "0e4a51": None, "6214e9": 100}  # None: the pattern job count
-POLICIES = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", DEFAULT_POLICY]
+# fixed-batch peers, then the goodput-aware ones (jobs run at their best batch)
+PEERS = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", "adaptive"]
+POLICIES = list(dict.fromkeys(PEERS + ["adaptive-goodput", "goodput", DEFAULT_POLICY]))
+RATIO_POLICIES = list(dict.fromkeys(["doubling", "adaptive", "goodput", DEFAULT_POLICY]))
 OPTIMA = ["optimal", "optimal-srpt"]  # per-decision MILP yardsticks (patterns, --quick)
 
 
@@ -44,7 +49,7 @@ def run_case(make, cluster, policy):
     return simulate(make(), cluster, policy)
 
 
-def simulations(quick: bool) -> list[dict]:
+def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs: int = 200) -> list[dict]:
     seeds = [0] if quick else [0, 1, 2]
     n_jobs = 40 if quick else 100
     cases = []
@@ -75,12 +80,18 @@ def simulations(quick: bool) -> list[dict]:
         for tr, limit in TRACES.items():
             makers = [lambda tr=tr, limit=limit: load_trace(tr, cluster, limit=limit or n_jobs)]
             add(f"trace:{tr}", cname, cluster, POLICIES, makers)
+        for kind, raw in (public or {}).items():  # a local copy of a public production trace
+            lines = convert_public(kind, raw, limit=public_jobs)
+            makers = [lambda lines=lines, kind=kind: parse_trace_lines(lines, cluster, source=kind)]
+            add(kind, cname, cluster, POLICIES, makers)
     # small instances: the exact optimum is the yardstick
     for cname, spec in SMALL_CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
         for pat in ["all-at-once", "poisson", "bursts"]:
             makers = [lambda s=s, pat=pat: make_pattern(pat, 10, cluster, seed=s) for s in seeds]
-            add(f"small:{pat}", cname, cluster, ["fifo", "srtf", "doubling", DEFAULT_POLICY] + OPTIMA, makers)
+            add(f"small:{pat}", cname, cluster, list(dict.fromkeys(["fifo", "srtf", "doubling", "adaptive",
+                                                                    "adaptive-goodput", "goodput", DEFAULT_POLICY]))
+                + OPTIMA, makers)
     return cases
 
 
@@ -96,18 +107,19 @@ def ratio_table(cases: list[dict]) -> list[dict]:
         opt = [v for v in (avg(w, c, p) for p in OPTIMA) if v]
         best_opt = min(opt) if opt else None
         row = {"workload": w, "cluster": c}
-        for pol in ("doubling", DEFAULT_POLICY):
+        for pol in RATIO_POLICIES:
             mine = avg(w, c, pol)
-            for peer, val in (("fifo", avg(w, c, "fifo")), ("srtf", avg(w, c, "srtf")),
-                              ("gavel", avg(w, c, "gavel")), ("optimum", best_opt)):
+            for peer, val in [(p, avg(w, c, p)) for p in PEERS + ["adaptive-goodput"] if p != pol] + \
+                    [("optimum", best_opt)]:
                 row[f"{pol}_over_{peer}"] = mine / val if mine and val else None
         rows.append(row)
-    cols = [f"{DEFAULT_POLICY}_over_optimum", f"{DEFAULT_POLICY}_over_srtf", f"{DEFAULT_POLICY}_over_gavel",
-            "doubling_over_optimum", "doubling_over_srtf", "doubling_over_gavel"]
+    d = DEFAULT_POLICY
+    cols = [f"{d}_over_optimum", f"{d}_over_srtf", f"{d}_over_gavel", f"{d}_over_adaptive",
+            f"{d}_over_adaptive-goodput", "doubling_over_optimum", "doubling_over_srtf"]
     print(f"\n{'workload':<22}{'cluster':<12}" + "".join(f"{c.replace('_over_', '/'):>19}" for c in cols))
     for r in rows:
         print(f"{r['workload']:<22}{r['cluster']:<12}" +
-              "".join(f"{r[c]:>19.3f}" if r[c] else f"{'-':>19}" for c in cols))
+              "".join(f"{r[c]:>19.3f}" if r.get(c) else f"{'-':>19}" for c in cols))
     return rows
 
 
@@ -115,7 +127,7 @@ def scale(quick: bool) -> dict:
     big = parse_cluster_spec("300:300:300")
     n_big = 1000 if quick else 2000
     out = {}
-    for pol in (DEFAULT_POLICY, "doubling"):
+    for pol in list(dict.fromkeys([DEFAULT_POLICY, "adaptive", "doubling"])):
         jobs = load_trace("6214e9", big, limit=n_big)
         t0 = time.perf_counter()
         res = simulate(jobs, big, pol, progress=sys.stderr.isatty())
@@ -124,6 +136,35 @@ def scale(quick: bool) -> dict:
                     "ms_per_decision": 1e3 * res.decision_wall_s / max(1, res.decisions), "avg_jct_s": res.avg_jct_s}
         print(f"scale: {len(jobs)} jobs on {big.total} GPUs, {pol}: {wall:.2f} s wall, {res.decisions} decisions, "
               f"{out[pol]['ms_per_decision']:.2f} ms/decision, avg JCT {res.avg_jct_s / 3600:.2f} h")
+    return out
+
+
+def one_round(repeats: int = 5) -> dict:
+    """One decision for 500 active jobs on 2,000 GPUs of three types: from scratch (all
+    jobs waiting) and again with the first decision's allocation running (restarts
+    charged), median of `repeats` after a warm-up."""
+    cluster = parse_cluster_spec("v100:700,p100:700,k80:600")
+    out = {}
+    for pol_name in list(dict.fromkeys([DEFAULT_POLICY, "goodput", "adaptive"])):
+        pol = get_policy(pol_name)
+        jobs = load_trace("6214e9", cluster, limit=500)
+        use_goodput(jobs, getattr(pol, "adapts_batch", False))
+        first = pol(jobs, cluster, {}, 0.0)  # warm-up (imports, caches)
+        for j in jobs:
+            j.started = j.job_id in first
+        cold, warm = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            pol(jobs, cluster, {}, 0.0)
+            t1 = time.perf_counter()
+            pol(jobs, cluster, first, 0.0)
+            cold.append(t1 - t0)
+            warm.append(time.perf_counter() - t1)
+        out[pol_name] = {"jobs": len(jobs), "gpus": cluster.total, "cold_s": float(np.median(cold)),
+                         "with_running_s": float(np.median(warm)), "running": len(first),
+                         "gpus_given": int(sum(a.n for a in first.values()))}
+        print(f"one round: {len(jobs)} jobs, {cluster.total} GPUs, {pol_name}: {out[pol_name]['cold_s']:.3f} s "
+              f"(all waiting), {out[pol_name]['with_running_s']:.3f} s ({len(first)} running), median of {repeats}")
     return out
 
 
@@ -202,16 +243,26 @@ def _summary(out: dict | None) -> dict | None:
             "worst_fit_error": max(errs) if errs else None}
 
 
-def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: bool = False) -> dict:
-    cases = simulations(quick)
+def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: bool = False,
+          public: dict[str, Path] | None = None, public_jobs: int = 200) -> dict:
+    cases = simulations(quick, public, public_jobs)
     ratios = ratio_table(cases)
     print()
+    rnd = one_round()
     sc = scale(quick)
     local, on_ray, sweep = (None, None, None) if skip_real else executor_runs()
     pats = [r for r in ratios if r["workload"] in PATTERNS or r["workload"].startswith("small:")]
     three_traces = [r for r in ratios if r["workload"].startswith("trace:") and r["cluster"] == "three-type"]
     d = DEFAULT_POLICY
+    worst_over = {p: max(r[f"{d}_over_{p}"] for r in ratios if r.get(f"{d}_over_{p}"))
+                  for p in PEERS + ["adaptive-goodput"] if p != d}
     checks = {
+        "default_policy": d,
+        f"worst_{d}_over_each_peer": worst_over,
+        f"{d}_no_worse_than_every_peer_everywhere": all(v <= 1.0 + 1e-9 for p, v in worst_over.items() if p in PEERS),
+        "one_round_2000_gpus_500_jobs_s": {p: max(v["cold_s"], v["with_running_s"]) for p, v in rnd.items()},
+        "one_round_under_1s": max(rnd[d]["cold_s"], rnd[d]["with_running_s"]) < 1.0,
+        "sim_1000_jobs_wall_s": {p: v["wall_s"] for p, v in sc.items()},
         f"worst_{d}_over_optimum_patterns": max(r[f"{d}_over_optimum"] for r in pats if r[f"{d}_over_optimum"]),
         f"worst_{d}_over_srtf": max(r[f"{d}_over_srtf"] for r in ratios),
         f"worst_{d}_over_gavel_three_type_traces": max(r[f"{d}_over_gavel"] for r in three_traces),
@@ -228,7 +279,7 @@ def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: boo
         "worst_left_out_error_sweep": max(abs(r["left_out_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
     }
     print("\nchecks:", json.dumps(checks, indent=1))
-    out = {"default_policy": d, "cases": cases, "ratios": ratios, "scale": sc,
+    out = {"default_policy": d, "cases": cases, "ratios": ratios, "scale": sc, "one_round": rnd,
            "sim_vs_real": _summary(local), "ray": _summary(on_ray), "fit_sweep": sweep, "checks": checks}
     if out_json:
         Path(out_json).write_text(json.dumps(out, indent=1))
@@ -251,8 +302,12 @@ def main() -> None:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--png", help="folder for a JCT CDF and an allocation timeline")
     ap.add_argument("--no-real", action="store_true", help="simulations only (no real jobs, local or on Ray)")
+    ap.add_argument("--philly", type=Path, help="a local copy of Philly's cluster_job_log (JSON), run as a workload")
+    ap.add_argument("--helios", type=Path, help="a local copy of a Helios cluster_log.csv, run as a workload")
+    ap.add_argument("--public-jobs", type=int, default=200, help="jobs taken from each public trace (default 200)")
     args = ap.parse_args()
-    bench(args.quick, args.json, args.png, skip_real=args.no_real)
+    public = {k: v for k, v in (("philly", args.philly), ("helios", args.helios)) if v is not None}
+    bench(args.quick, args.json, args.png, skip_real=args.no_real, public=public, public_jobs=args.public_jobs)
 
 
 if __name__ == "__main__":

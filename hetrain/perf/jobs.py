@@ -197,13 +197,15 @@ def completion_time(remaining, rate, restart_s=0.0):
 class StepSample:
     """What a job's workers measured at one size: mean seconds per step of computing
     (forward, backward, optimizer) and of communicating (gradient sum, step agreement),
-    over `steps` steps on `g` GPUs of `gpu_type`."""
+    over `steps` steps on `g` GPUs of `gpu_type`, at global batch `batch` (0: the job's
+    base batch, the one its curve is counted at)."""
 
     gpu_type: str
     g: int
     steps: int
     compute_s: float
     comm_s: float
+    batch: int = 0
 
     @property
     def step_s(self) -> float:
@@ -230,7 +232,7 @@ class JobFit:
         return self.curve().step_time(gpu_type, g)
 
 
-def fit_job(samples: Sequence[StepSample], prior: RingCurve) -> JobFit:
+def fit_job(samples: Sequence[StepSample], prior: RingCurve, base_batch: int = 0) -> JobFit:
     """Fit a job's ring curve to its measured steps; the prior fills what was not measured.
 
     Compute and communication are fitted separately, which is what makes the bandwidth
@@ -239,6 +241,8 @@ def fit_job(samples: Sequence[StepSample], prior: RingCurve) -> JobFit:
       by non-negative least squares weighted by steps. A type seen at one size only keeps
       the prior's overhead; a type never seen scales the fitted compute by the prior's
       ratio between types.
+      A step at another batch M (a goodput-aware scheduler changes it on restarts)
+      computes M/base_batch base batches: its column is (M/base_batch)/g.
     - comm(g) = 2(g-1)/g · M/B (+ 2(g-1)·latency once two sizes >= 2 were seen): M is the
       job's gradient bytes, so the fit gives the bandwidth B the job really gets.
     """
@@ -253,7 +257,8 @@ def fit_job(samples: Sequence[StepSample], prior: RingCurve) -> JobFit:
         y = np.array([s.compute_s for s in rows])
         sizes = {t: {s.g for s in rows if s.gpu_type == t} for t in types}
         fit_overhead = any(len(v) >= 2 for v in sizes.values())
-        cols = [[1.0 / s.g if s.gpu_type == t else 0.0 for s in rows] for t in types]
+        share = [(s.batch / base_batch if s.batch and base_batch else 1.0) / s.g for s in rows]
+        cols = [[share[k] if s.gpu_type == t else 0.0 for k, s in enumerate(rows)] for t in types]
         if fit_overhead:
             cols.insert(0, [1.0] * len(rows))
             x = _nnls(np.array(cols).T * w[:, None], y * w)

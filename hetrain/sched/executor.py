@@ -41,9 +41,10 @@ import numpy as np
 
 from ..cluster.hardware import Inventory
 from ..errors import UserError
+from ..perf.goodput import BatchModel
 from ..perf.jobs import JobFit, RingCurve, StepSample, fit_job, rate_table
 from .cluster import gpu_pools, parse_cluster_spec
-from .job import Alloc, Job, make_job
+from .job import Alloc, Job, make_job, use_goodput
 from .policies import DEFAULT_POLICY, check_allocation, get_policy
 from .worker import EXIT_STOPPED
 
@@ -59,17 +60,21 @@ class RealJobSpec:
     arrival: float
     steps: int
     compute_s: float          # emulated compute of one global batch on one GPU of speed 1
-    batch: int = 32
+    batch: int = 32           # base batch: steps, compute_s count at it
     seed: int = 0
     max_gpus: int = 2
+    max_batch: int = 0        # > batch: a goodput-aware policy may run the job at up to this batch
+    noise_scale: float = float("inf")  # assumed until the workers measure it
 
 
 def tiny_workload() -> list[RealJobSpec]:
     """Three small jobs (a minute of emulated compute in all; at most 2 ranks each): `a`
     runs alone on the whole pool, then `b` and `c` arrive while it runs (a cold start
-    takes 10-30 s on a loaded 2-core host), so the policy resizes or preempts it for real."""
-    return [RealJobSpec("a", 0.0, 160, 0.40, seed=1), RealJobSpec("b", 40.0, 24, 0.30, seed=2),
-            RealJobSpec("c", 50.0, 30, 0.40, seed=3)]
+    takes 10-30 s on a loaded 2-core host), so the policy resizes or preempts it for real.
+    Each job may run at its base batch 32 or at 64 (a goodput-aware policy picks)."""
+    return [RealJobSpec("a", 0.0, 160, 0.40, seed=1, max_batch=64),
+            RealJobSpec("b", 40.0, 24, 0.30, seed=2, max_batch=64),
+            RealJobSpec("c", 50.0, 30, 0.40, seed=3, max_batch=64)]
 
 
 def model_bytes(dim: int = 16) -> float:
@@ -167,12 +172,16 @@ class Progress:
     timed: int = 0          # steps of the current run after its first
     compute_s: float = 0.0  # their summed compute seconds (rank 0)
     comm_s: float = 0.0     # their summed communication seconds
+    work: float = 0.0       # base-batch steps of work done (statistical efficiency counted)
+    batch: int = 0          # this run's global batch
+    noise_scale: float = float("inf")  # as the workers measure it
 
 
 def read_progress(d: Path) -> Progress:
     try:
         f = (d / "progress").read_text().split()
-        return Progress(int(f[0]), float(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5]))
+        return Progress(int(f[0]), float(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5]),
+                        float(f[6]), int(f[7]), float(f[8]))
     except (OSError, ValueError, IndexError):
         return Progress()
 
@@ -206,7 +215,7 @@ class _Run:
 def _sample(p: Progress, gpu_type: str) -> StepSample | None:
     if p.timed <= 0 or p.world <= 0:
         return None
-    return StepSample(gpu_type, p.world, p.timed, p.compute_s / p.timed, p.comm_s / p.timed)
+    return StepSample(gpu_type, p.world, p.timed, p.compute_s / p.timed, p.comm_s / p.timed, p.batch)
 
 
 def measured_step_times(runs: Sequence[_Run], types: Sequence[str]) -> list[dict]:
@@ -244,8 +253,11 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
     workdir.mkdir(parents=True, exist_ok=True)
     runs: list[_Run] = []
     for i, s in enumerate(specs):
-        if any(s.batch % g for g in range(1, s.max_gpus + 1)):
-            raise UserError(f"job {s.name}: batch {s.batch} must divide by every size up to {s.max_gpus}")
+        if any(b % g for b in (s.batch, s.max_batch or s.batch) for g in range(1, s.max_gpus + 1)):
+            raise UserError(f"job {s.name}: batch {s.batch} and max_batch {s.max_batch} must divide by every "
+                            f"size up to {s.max_gpus}")
+        if s.max_batch and (s.max_batch < s.batch or s.max_batch % s.batch):
+            raise UserError(f"job {s.name}: max_batch {s.max_batch} must be a multiple of the batch {s.batch}")
         d = workdir / s.name
         d.mkdir(parents=True, exist_ok=True)
         for f in ("progress", "stats.jsonl", "launcher.log"):
@@ -265,8 +277,9 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
 
     def launch(r: _Run, a: Alloc, now: float) -> None:
         t = cluster.names[a.type]
-        r.proc = launch_job(r.dir, a.n, ["--steps", str(r.spec.steps), "--batch", str(r.spec.batch),
-                                         "--seed", str(r.spec.seed),
+        r.proc = launch_job(r.dir, a.n, ["--steps", str(r.spec.steps), "--batch", str(r.job.batch_for(a) or r.spec.batch),
+                                         "--base-batch", str(r.spec.batch), "--seed", str(r.spec.seed),
+                                         "--noise-scale", str(r.spec.noise_scale),
                                          "--compute-s", f"{r.spec.compute_s / speeds[t]:.6f}"],
                             backend=backend, gpu_type=t)
         r.alloc, r.launched_at, r.launch_step = a, now, read_progress(r.dir).step
@@ -280,12 +293,18 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
         r.job.started = True
 
     def refit(r: _Run) -> None:
-        r.fit = fit_job(r.all_samples(), r.prior)
-        r.job.rates = rate_table(r.fit.curve(r.spec.max_gpus), cluster.names, r.spec.max_gpus)
-        _even_sizes_only(r.job, r.spec.batch)
+        r.fit = fit_job(r.all_samples(), r.prior, r.spec.batch)
+        r.job.base_rates = rate_table(r.fit.curve(r.spec.max_gpus), cluster.names, r.spec.max_gpus)
+        _even_sizes_only(r.job.base_rates, r.spec.batch)
+        if r.spec.max_batch > r.spec.batch:  # goodput at the noise scale the workers measured
+            noise = read_progress(r.dir).noise_scale if r.samples or r.live else r.spec.noise_scale
+            model = batch_model(r.spec, r.fit, noise)
+            r.job.goodput_rates, r.job.batch_table = model.goodput_table(r.job.base_rates, cluster.names)
+            r.job.base_batch = r.spec.batch
+        use_goodput([r.job], getattr(pol, "adapts_batch", False))
 
     for r in runs:
-        _even_sizes_only(r.job, r.spec.batch)
+        refit(r)  # the prior (no samples yet), with goodput where the job may change its batch
     active: list[_Run] = []
     arrived: set[int] = set()
     replan = True
@@ -329,7 +348,7 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
                     if r.live:
                         r.samples.append(r.live)
                         r.live = None
-                    if code in (-signal.SIGUSR1, EXIT_STOPPED) and read_progress(r.dir).step >= r.spec.steps:
+                    if code in (-signal.SIGUSR1, EXIT_STOPPED) and read_progress(r.dir).work >= r.spec.steps - 1e-6:
                         code = 0  # it had finished when a late stop request reached it (its last commit says done)
                     if code == 0:
                         r.finish = time.time() - t0
@@ -365,7 +384,7 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
                 now = last_plan = time.time() - t0
                 t_dec = time.perf_counter()
                 for r in active:
-                    r.job.remaining = float(r.spec.steps - read_progress(r.dir).step)
+                    r.job.remaining = max(0.0, r.spec.steps - read_progress(r.dir).work)
                     refit(r)
                 jobs = [r.job for r in active]
                 new = pol(jobs, cluster, dict(alloc), now)
@@ -403,7 +422,8 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
             "start_costs_s": start_costs, "finish_costs_s": finish_costs, "decision_ms": decision_ms,
             "fits": {r.spec.name: _fit_dict(r.fit, r.spec) for r in runs},
             "step_times": measured_step_times(runs, cluster.names),
-            "_curves": {r.spec.name: r.fit.curve(r.spec.max_gpus) for r in runs}}
+            "noise_scale": {r.spec.name: read_progress(r.dir).noise_scale for r in runs},
+            "_curves": {r.spec.name: (r.fit, read_progress(r.dir).noise_scale) for r in runs}}
 
 
 def _describe(a: Alloc | None, cluster: Inventory) -> str:
@@ -415,23 +435,33 @@ def _fit_dict(f: JobFit, spec: RealJobSpec) -> dict:
             "bandwidth_Bps": f.bandwidth, "latency_s": f.latency, "measured": sorted(f.measured)}
 
 
-def _even_sizes_only(job: Job, batch: int) -> None:
+def batch_model(spec: RealJobSpec, fit: JobFit, noise_scale: float) -> BatchModel:
+    """The job's goodput model: its batch range, the fitted compute per sample per type."""
+    return BatchModel(spec.batch, spec.max_batch, noise_scale,
+                      {t: c / spec.batch for t, c in fit.compute_s.items()}, {})
+
+
+def _even_sizes_only(rates: np.ndarray, batch: int) -> None:
     """World sizes must split the global batch evenly (e.g. no 3 ranks for batch 32)."""
-    for g in range(1, job.rates.shape[1]):
+    for g in range(1, rates.shape[1]):
         if batch % g:
-            job.rates[:, g] = 0.0
+            rates[:, g] = 0.0
 
 
 def simulate_workload(specs: list[RealJobSpec], cluster: Inventory, policy, restart_cost: float,
-                      start_cost: float, curves: dict[str, RingCurve]) -> dict:
+                      start_cost: float, curves: dict[str, tuple[JobFit, float]]) -> dict:
     """The same workload through the simulator, with the fitted curves and measured costs."""
     from .simulator import simulate
 
     jobs = []
     for i, s in enumerate(specs):
-        j = make_job(i, s.name, s.arrival, s.steps, curves[s.name], cluster, max_gpus=s.max_gpus,
-                     restart_cost=restart_cost)
-        _even_sizes_only(j, s.batch)
+        fit, noise = curves[s.name]
+        model = batch_model(s, fit, noise) if s.max_batch > s.batch else None
+        j = make_job(i, s.name, s.arrival, s.steps, fit.curve(s.max_gpus), cluster, max_gpus=s.max_gpus,
+                     restart_cost=restart_cost, batch_model=model)
+        for table in (j.base_rates, j.goodput_rates):
+            if table is not None:
+                _even_sizes_only(table, s.batch)
         j.start_cost = start_cost
         jobs.append(j)
     res = simulate(jobs, cluster, policy)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..cluster.hardware import Inventory
 from ..errors import UserError
+from ..perf.goodput import BatchModel
 from ..perf.jobs import ScalingCurve, completion_time, rate_table
 
 
@@ -43,10 +44,19 @@ class Job:
     # seconds the job has held GPUs of each type (kept by the simulator and the executor;
     # Gavel's round-based mechanism compares it with the time shares its LP asks for)
     service_s: np.ndarray = field(default=None, repr=False)
+    # goodput (`hetrain.perf.goodput`): rates[type, g] at the best batch for each size and
+    # that batch; None for a job whose batch cannot change. `rates` is what policies see:
+    # the base rates (fixed batch) or these (`use_goodput`); `base_rates` keeps the former.
+    goodput_rates: np.ndarray | None = field(default=None, repr=False)
+    batch_table: np.ndarray | None = field(default=None, repr=False)
+    base_batch: int = 0
+    base_rates: np.ndarray = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.remaining < 0:
             self.remaining = self.work
+        if self.base_rates is None:
+            self.base_rates = self.rates
         if self.service_s is None:
             self.service_s = np.zeros(self.rates.shape[0])
         self.max_gpus = min(self.max_gpus, self.rates.shape[1] - 1)
@@ -55,6 +65,13 @@ class Job:
         if a is None or a.n <= 0 or a.n > self.max_gpus:
             return 0.0
         return float(self.rates[a.type, a.n])
+
+    def batch_for(self, a: Alloc | None) -> int:
+        """The global batch the job runs at on `a`: the best one when goodput is in play,
+        else its base batch (0: the job did not say)."""
+        if a is None or self.batch_table is None or self.rates is self.base_rates:
+            return self.base_batch
+        return int(self.batch_table[a.type, a.n]) or self.base_batch
 
     def feasible_n(self, t: int, n: int) -> int:
         """Largest count <= n that runs on type t (0 if none down to min_gpus)."""
@@ -77,10 +94,18 @@ class Job:
         return [int(i) for i in np.argsort(-col, kind="stable")]
 
 
+def use_goodput(jobs, on: bool) -> None:
+    """Let policies see each job's goodput at its best batch (on) or its base-batch
+    rates (off). A batch-adapting policy is run with it on, every other with it off."""
+    for j in jobs:
+        j.rates = j.goodput_rates if (on and j.goodput_rates is not None) else j.base_rates
+
+
 def make_job(job_id: int, name: str, arrival: float, work: float, curve: ScalingCurve,
              cluster: Inventory, requested: int = 1, min_gpus: int = 1, max_gpus: int | None = None,
-             restart_cost: float = 10.0, where: str = "") -> Job:
-    """Bind a job to a cluster (dense rate table) and check it can run there at all."""
+             restart_cost: float = 10.0, where: str = "", batch_model: BatchModel | None = None) -> Job:
+    """Bind a job to a cluster (dense rate table) and check it can run there at all;
+    with a batch model, also its goodput table (work counted in base-batch steps)."""
     at = f"{where}: " if where else ""
     if requested < 1 or min_gpus < 1:
         raise JobError(f"{at}job {name!r} must ask for at least 1 GPU (asked {requested}, min {min_gpus})")
@@ -97,8 +122,10 @@ def make_job(job_id: int, name: str, arrival: float, work: float, curve: Scaling
                        f"with >= {min_gpus} GPUs (no measured throughput)")
     if min_gpus > requested:
         raise JobError(f"{at}job {name!r}: min_gpus {min_gpus} is larger than the {requested} GPUs asked for")
+    good, batch = batch_model.goodput_table(table, cluster.names) if batch_model else (None, None)
     return Job(job_id, name, float(arrival), float(work), table, requested=requested, min_gpus=min_gpus,
-               max_gpus=table.shape[1] - 1, restart_cost=float(restart_cost))
+               max_gpus=table.shape[1] - 1, restart_cost=float(restart_cost), goodput_rates=good,
+               batch_table=batch, base_batch=batch_model.base_batch if batch_model else 0)
 
 
 def mean_jct(jobs_finish: dict[int, float], jobs: list[Job]) -> float:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cluster.hardware import Inventory
 from ..errors import UserError
-from .gavel import load_throughputs
+from .gavel import load_batch_models, load_throughputs
 from .job import Job, make_job
 
 ARRIVALS = ("all-at-once", "poisson", "bursts")
@@ -57,6 +57,7 @@ def make_pattern(name: str, n_jobs: int, cluster: Inventory, seed: int = 0, load
         raise UserError(f"load must be > 0, got {load}")
     rng = np.random.default_rng(seed)
     curves = load_throughputs(throughputs)
+    batch_models = load_batch_models(throughputs)
     kinds = sorted(curves)
     cap = min(cluster.largest_pool, max_request or cluster.largest_pool)
     kind_idx = rng.integers(0, len(kinds), n_jobs)
@@ -89,5 +90,5 @@ def make_pattern(name: str, n_jobs: int, cluster: Inventory, seed: int = 0, load
             best = max(curve.rate(t, 1) for t in cluster.names)
         jobs.append(make_job(j, kinds[kind_idx[j]], float(times[j]), float(dur[j] * best), curve, cluster,
                              requested=int(req[j]), max_gpus=max(int(req[j]), elastic_max),
-                             restart_cost=restart_cost))
+                             restart_cost=restart_cost, batch_model=batch_models.get(kinds[kind_idx[j]])))
     return jobs

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ..cluster.hardware import Inventory
-from .job import Allocation, Job
+from .job import Allocation, Job, use_goodput
 from .policies import Policy, check_allocation, get_policy
 
 _EPS = 1e-9
@@ -80,6 +80,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
     finish = np.full(n, np.nan)
     restarts = np.zeros(n, dtype=np.int64)
     gpus_of = np.zeros(n, dtype=np.int64)
+    use_goodput(jobs, getattr(pol, "adapts_batch", False))  # a batch-adapting policy sees goodput
     for j in jobs:
         j.started = False
         j.service_s = np.zeros(len(cluster.names))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..cluster.hardware import Inventory
-from .gavel import bundled_traces, load_throughputs, trace_path
+from .gavel import bundled_traces, load_batch_models, load_throughputs, trace_path
 from .job import Job, JobError, make_job
 
 
@@ -21,6 +21,7 @@ class TraceError(UserError):
 def parse_trace_lines(lines, cluster: Inventory, source: str = "<trace>", restart_cost: float = 10.0,
                       throughputs: str | None = None, limit: int | None = None, elastic_max: int = 8) -> list[Job]:
     curves = load_throughputs(throughputs)
+    batch_models = load_batch_models(throughputs)
     jobs: list[Job] = []
     for lineno, raw in enumerate(lines, start=1):
         if isinstance(raw, bytes):
@@ -61,7 +62,8 @@ def parse_trace_lines(lines, cluster: Inventory, source: str = "<trace>", restar
             raise TraceError(f"{where}: GPU count must be >= 1, got {gpus}")
         try:
             job = make_job(len(jobs), job_type, arrival, steps, curves[job_type], cluster, requested=gpus,
-                           min_gpus=1, max_gpus=max(gpus, elastic_max), restart_cost=restart_cost, where=where)
+                           min_gpus=1, max_gpus=max(gpus, elastic_max), restart_cost=restart_cost, where=where,
+                           batch_model=batch_models.get(job_type))
         except JobError as err:
             raise TraceError(str(err)) from None
         jobs.append(job)

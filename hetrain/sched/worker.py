@@ -8,6 +8,12 @@ permutation, and rank r takes every W-th sample of it. Each rank sums its sample
 losses divided by B and push_pull sums the gradients (average=False), so every step applies
 the mean gradient of the same global batch whatever W is: a job stopped and resumed at
 another size ends with the parameters of an uninterrupted run (up to float rounding).
+A restart may also change the global batch (`--batch`; the scheduler's goodput policy
+picks it): the job keeps its position in the sample stream (`stream_batch`), so it
+goes on with exactly the samples an uninterrupted run would see next, and its learning
+rate is scaled by `--lr-rule` from the base batch. Its work (`--steps`, base-batch
+steps) advances by batch/base x the statistical efficiency at the gradient noise scale
+the workers measure from their local and summed gradients (Pollux's progress).
 
 Model, optimizer and step live in a `hetrain.elastic.State` committed under
 `<job-dir>/elastic` (read it back with `hetrain.train.elastic.load_committed`).
@@ -47,66 +53,117 @@ def build(seed: int, n_samples: int, dim: int):
 
 
 def global_batch(step: int, batch: int, n_samples: int, seed: int):
-    """Sample indices of global step `step`: independent of the world size."""
+    """Sample indices of global step `step` at a fixed batch: independent of the world size."""
+    return stream_batch(step * batch, batch, n_samples, seed)
+
+
+def stream_batch(start: int, batch: int, n_samples: int, seed: int):
+    """Samples [start, start + batch) of the job's sample stream: epoch e's seeded
+    permutation after epoch e-1's. A job that changes its batch on a restart continues
+    from the number of samples it has seen, so every sample is seen in the same order
+    whatever the batches and world sizes were."""
     import torch
 
-    per_epoch = n_samples // batch
-    epoch, k = divmod(step, per_epoch)
-    perm = torch.randperm(n_samples, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
-    return perm[k * batch:(k + 1) * batch]
+    pos = torch.arange(start, start + batch)
+    epochs = pos // n_samples
+    out = torch.empty(batch, dtype=torch.long)
+    for e in torch.unique(epochs).tolist():
+        perm = torch.randperm(n_samples, generator=torch.Generator().manual_seed(seed * 100003 + e))
+        sel = epochs == e
+        out[sel] = perm[pos[sel] % n_samples]
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job-dir", required=True)
-    ap.add_argument("--steps", type=int, required=True, help="total global steps of the job")
-    ap.add_argument("--batch", type=int, default=32, help="global batch (samples per step)")
+    ap.add_argument("--steps", type=int, required=True,
+                    help="the job's work: steps at the base batch (statistical efficiency weighs larger batches)")
+    ap.add_argument("--batch", type=int, default=32, help="this run's global batch (samples per step)")
+    ap.add_argument("--base-batch", type=int, default=0, help="the batch --steps, --lr and --compute-s are "
+                    "given at (default: --batch)")
+    ap.add_argument("--lr-rule", choices=["sqrt", "linear"], default="sqrt",
+                    help="learning rate at another batch: lr x sqrt(batch/base) (default) or lr x batch/base")
+    ap.add_argument("--noise-scale", type=float, default=float("inf"),
+                    help="gradient noise scale assumed until the workers have measured it (samples)")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compute-s", type=float, default=0.0, help="emulated compute of one global batch, seconds")
+    ap.add_argument("--compute-s", type=float, default=0.0, help="emulated compute of one base batch, seconds")
     on_stop_request()  # first thing: a request that arrives while torch imports is kept (State uses it)
     args = ap.parse_args(argv)
 
     import torch
 
     import hetrain
+    from hetrain.perf.goodput import NoiseSample, efficiency, scale_lr
 
     torch.set_num_threads(1)
     hetrain.init()
     rank, world = hetrain.rank(), hetrain.size()
+    base = args.base_batch or args.batch
     if args.batch % world:
         print(f"worker: global batch {args.batch} is not divisible by world size {world}", file=sys.stderr)
         return 2
     job_dir = Path(args.job_dir)
     x, y, model = build(args.seed, args.samples, args.dim)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    state = hetrain.elastic.State(model=model, optimizer=opt, step=0, done=False, directory=job_dir / "elastic",
-                                  replicas=1)
+    # step: optimizer steps; samples: position in the sample stream; progress: base-batch
+    # steps of work done (each step adds batch/base x its statistical efficiency);
+    # gns: moving averages of the gradient's square norm and variance (noise scale)
+    state = hetrain.elastic.State(model=model, optimizer=opt, step=0, samples=0, progress=0.0,
+                                  gns=[0.0, 0.0, 0.0], done=False, directory=job_dir / "elastic", replicas=1)
     t_start = time.time()
     times = []
     compute_sum = comm_sum = 0.0  # this run's steps after its first (which includes warm-up)
+    b_local = args.batch // world
+
+    def noise_scale() -> float:
+        sqr, var, w = state.gns
+        if w == 0:
+            return args.noise_scale
+        return max(0.0, var / sqr) if sqr > 0 else float("inf")
+
+    def track_noise(local_sqr: float, global_sqr: float) -> None:
+        from hetrain.perf.goodput import gradient_moments
+
+        if world < 2:
+            return  # one worker: local and global gradients are the same, nothing to learn
+        sqr, var = gradient_moments([NoiseSample(local_sqr, global_sqr, b_local, args.batch)])
+        a = 0.9  # AdaptDL-style moving averages of both moments
+        state.gns = [a * state.gns[0] + (1 - a) * float(sqr[0]), a * state.gns[1] + (1 - a) * float(var[0]),
+                     a * state.gns[2] + (1 - a)]
 
     @hetrain.elastic.run
     def train(state) -> None:
         nonlocal compute_sum, comm_sum
-        while state.step < args.steps:
+        for group in opt.param_groups:  # after a restore: this run's batch sets the rate
+            group["lr"] = scale_lr(args.lr, base, args.batch, args.lr_rule)
+        while state.progress < args.steps - 1e-9:
             t0 = time.perf_counter()
-            idx = global_batch(state.step, args.batch, args.samples, args.seed)[rank::world]
+            idx = stream_batch(state.samples, args.batch, args.samples, args.seed)[rank::world]
             opt.zero_grad(set_to_none=False)
             loss = ((model(x[idx]) - y[idx]) ** 2).sum() / args.batch
             loss.backward()
+            grads = [p.grad for p in model.parameters()]
+            # this worker's mean gradient is grad x batch / local batch: its square norm,
+            # summed over the workers with the gradients, measures the noise scale
+            local_sqr = torch.tensor([sum(float((g * (args.batch / b_local)).pow(2).sum()) for g in grads)])
             t1 = time.perf_counter()
-            hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()], average=False)
+            hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()] + [("gns.local_sqr", local_sqr)],
+                              average=False)
             t2 = time.perf_counter()
+            track_noise(float(local_sqr) / world, sum(float(g.pow(2).sum()) for g in grads))
             opt.step()
             if args.compute_s > 0:
-                time.sleep(args.compute_s / world)
+                time.sleep(args.compute_s * args.batch / base / world)
             state.step += 1
+            state.samples += args.batch
+            state.progress += args.batch / base * float(efficiency(args.batch, base, noise_scale()))
             t3 = time.perf_counter()
             stopping = None
-            if state.step < args.steps:
+            if state.progress < args.steps - 1e-9:
                 try:
                     state.check()  # a stop request: all ranks commit here and exit EXIT_STOPPED
                 except StopAtCommit as stop:
@@ -117,10 +174,11 @@ def main(argv=None) -> int:
                 if len(times) > 1:
                     compute_sum += (t1 - t0) + (t3 - t2)
                     comm_sum += (t2 - t1) + (t4 - t3)
-                # step, time, world size, timed steps, their compute and communication seconds
+                # step, time, world size, timed steps, their compute and communication seconds,
+                # then the work done (base steps), this run's batch and the noise scale
                 tmp = job_dir / "progress.tmp"
                 tmp.write_text(f"{state.step} {time.time():.6f} {world} {len(times) - 1} {compute_sum:.6f} "
-                               f"{comm_sum:.6f}\n")
+                               f"{comm_sum:.6f} {state.progress:.6f} {args.batch} {noise_scale():.6g}\n")
                 os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
             if stopping is not None:
                 raise stopping

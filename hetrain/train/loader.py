@@ -40,8 +40,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import UserError
+from ..perf.steptime import median_spread, spread
 from ..runtime.memory import memory_limit, synchronize
-from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample, median_spread, spread,
+from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample,
                       worker_gather)
 from .sampler import GlobalBatchSampler
 
@@ -206,7 +207,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         return self.balancer.sizes
 
     def __len__(self) -> int:
-        n, b = self.sampler.num_samples, self.sampler.global_batch
+        n = self.sampler.num_samples - self.sampler.offset(self.sampler.epoch)  # a new batch resumed mid-epoch
+        b = self.sampler.global_batch
         return n // b if self.drop_last else -(-n // b)
 
     # -- position in the data (committed by an elastic job)
@@ -262,12 +264,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             pos.epoch, pos.step = pos.epoch + 1, 0
         epoch, start = pos.epoch, pos.step
         order = self.sampler.order(epoch)
-        gb, me = self.sampler.global_batch, self.group.rank
+        gb, me, off = self.sampler.global_batch, self.group.rank, self.sampler.offset(epoch)
         for s in range(start, len(self)):
             if s > start:
                 self._end()
                 pos.step = s  # the step before is over
-            batch = order[s * gb: (s + 1) * gb]
+            batch = order[off + s * gb: off + (s + 1) * gb]
             sizes = self.balancer.sizes if len(batch) == gb else self.balancer.shares_for(len(batch))
             bounds = np.concatenate([[0], np.cumsum(sizes)])
             mine = batch[bounds[me]: bounds[me + 1]]

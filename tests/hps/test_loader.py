@@ -231,3 +231,30 @@ def test_position_resumes_mid_epoch_on_another_number_of_workers():
     assert list(resumed.epochs(3)) == []
     with pytest.raises(Exception, match="seed=3"):
         make(ThreadGroup(1).group(0)).batches.load_state_dict({**saved, "seed": 4})
+
+
+def test_loader_resumes_with_a_new_global_batch_after_the_samples_seen():
+    """A job restarted with another global batch (a scheduler adapting it) takes the
+    committed position of the old one: the epoch goes on after the samples already seen,
+    cut into the new batches, and the next epoch is whole."""
+    data = torch.arange(40)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    first = BalancedLoader(torch.utils.data.TensorDataset(data), 8, device="cpu", group=ThreadGroup(1).group(0),
+                           seed=5, optimizer=opt)
+    seen = []
+    for (x,) in first:
+        seen.extend(x.tolist())
+        opt.step()
+        if first.step == 3:
+            break
+    saved = first.state_dict()
+    resumed = BalancedLoader(torch.utils.data.TensorDataset(data), 12, device="cpu", group=ThreadGroup(1).group(0),
+                             seed=5)
+    resumed.load_state_dict(saved)
+    assert len(resumed) == 2  # 40 - 24 seen = 16 samples: batches of 12 and 4
+    rest = [x.tolist() for (x,) in resumed]
+    assert [len(b) for b in rest] == [12, 4]
+    order = np.random.default_rng((5, 0)).permutation(40).tolist()
+    assert seen + sum(rest, []) == order  # the epoch's order, every sample once
+    nxt = [x.tolist() for epoch in resumed.epochs(2) for (x,) in resumed]
+    assert sorted(sum(nxt, [])) == list(range(40)) and all(len(b) == 12 for b in nxt[:-1])

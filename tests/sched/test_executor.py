@@ -99,3 +99,60 @@ def test_executor_runs_workload_and_measures_restarts(tmp_path):
     assert out["sim_s"] > 0 and out["restart_s"] == pytest.approx(real["restart_costs_s"][0])
     ck = _committed(tmp_path / "a")
     assert ck["done"] and ck["step"] == 12
+
+
+def test_sample_stream_does_not_depend_on_the_batches():
+    from hetrain.sched.worker import stream_batch
+
+    whole = stream_batch(0, 100, 40, 3)  # crosses two epoch boundaries
+    parts = torch.cat([stream_batch(0, 8, 40, 3), stream_batch(8, 8, 40, 3), stream_batch(16, 84, 40, 3)])
+    assert torch.equal(whole, parts)
+    assert sorted(whole[:40].tolist()) == list(range(40))  # one epoch: every sample once
+    assert torch.equal(stream_batch(32, 32, 512, 7), global_batch(1, 32, 512, 7))
+
+
+def _reference(schedule, lr=0.05, base=8, seed=7):
+    """One process, no hetrain: `schedule` = [(batch, steps)] from the start of the stream."""
+    from hetrain.perf.goodput import scale_lr
+    from hetrain.sched.worker import build, stream_batch
+
+    x, y, model = build(seed, 512, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    pos = 0
+    for batch, steps in schedule:
+        for g in opt.param_groups:
+            g["lr"] = scale_lr(lr, base, batch)
+        for _ in range(steps):
+            idx = stream_batch(pos, batch, 512, seed)
+            opt.zero_grad(set_to_none=False)
+            (((model(x[idx]) - y[idx]) ** 2).sum() / batch).backward()
+            opt.step()
+            pos += batch
+    return model.state_dict(), pos
+
+
+@pytest.mark.slow
+def test_batch_change_on_restart_resumes_with_the_same_samples(tmp_path):
+    """Stopped at batch 8, restarted at batch 16 (learning rate x sqrt 2): the job goes on
+    from the samples it had seen and ends with the parameters of a one-process run that
+    switches batch at the same step."""
+    args = ["--steps", str(STEPS), "--seed", "7", "--base-batch", "8"]
+    first = launch_job(tmp_path, 1, args + ["--batch", "8", "--compute-s", "0.2"], quiet=False)
+    deadline = time.time() + 120
+    while not (tmp_path / "progress").exists() or int((tmp_path / "progress").read_text().split()[0]) < 3:
+        assert time.time() < deadline and first.poll() is None, "job did not start"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGUSR1)
+    codes, errs = _wait([first])
+    assert codes == [EXIT_STOPPED], errs
+    k = _committed(tmp_path)["step"]
+    assert _committed(tmp_path)["samples"] == 8 * k
+    codes, errs = _wait([launch_job(tmp_path, 1, args + ["--batch", "16"], quiet=False)])
+    assert codes == [0], errs
+    end = _committed(tmp_path)
+    m = -(-(STEPS - k) // 2)  # a batch-16 step is 2 base steps of work (noise scale unknown: efficiency 1)
+    want, pos = _reference([(8, k), (16, m)])
+    assert end["done"] and end["samples"] == pos == 8 * k + 16 * m and end["step"] == k + m
+    assert end["progress"] == pytest.approx(k + 2 * m)
+    for name in want:
+        torch.testing.assert_close(end["model"][name], want[name], rtol=1e-5, atol=1e-6)

@@ -19,7 +19,7 @@ from ...perf.jobs import completion_time
 from ..job import Alloc, Allocation, Job
 
 Policy = Callable[[Sequence[Job], Inventory, Allocation, float], Allocation]
-DEFAULT_POLICY = "adaptive"  # what `hetrain schedule` uses unless told otherwise
+DEFAULT_POLICY = "goodput"  # what `hetrain schedule` uses unless told otherwise (bench/sched.py: no worse than any peer)
 _REGISTRY: dict[str, Policy] = {}
 
 
@@ -45,7 +45,7 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    from . import adaptive, doubling, fifo, gavel, optimal, srtf  # noqa: F401  (modules register themselves)
+    from . import adaptive, doubling, fifo, gavel, goodput, optimal, srtf  # noqa: F401  (modules register themselves)
 
 
 def check_allocation(jobs: Sequence[Job], cluster: Inventory, alloc: Allocation) -> None:

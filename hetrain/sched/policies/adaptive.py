@@ -117,3 +117,13 @@ def plan(jobs, cluster, allocation, now):
 @register("adaptive")
 def adaptive(jobs, cluster, allocation, now):
     return plan(jobs, cluster, allocation, now)
+
+
+def _adaptive_goodput(jobs, cluster, allocation, now):
+    return plan(jobs, cluster, allocation, now)
+
+
+# the same heuristic on goodput rates, jobs run at their best batch: a peer that isolates
+# what the goodput policy's integer program adds over the heuristic
+_adaptive_goodput.adapts_batch = True
+register("adaptive-goodput")(_adaptive_goodput)
