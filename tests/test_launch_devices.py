@@ -140,3 +140,29 @@ def test_ray_processes_see_the_gpus_ray_granted_and_use_nccl():
     assert bound == {("g0", 0): "cuda:0", ("g0", 1): "cuda:1", ("g1", 0): "cuda:2", ("g2", 0): "cuda:0"}
     assert plan_backends(topo, CommConfig(mode="allreduce")).worker == "nccl"
     assert plan_backends(build_topology(cluster, "allreduce"), CommConfig(mode="allreduce")).worker == "gloo"
+
+
+def test_hetrain_local_rank_is_the_bound_gpu(monkeypatch):
+    """A Horovod script's `torch.cuda.set_device(hvd.local_rank())` must keep the GPU
+    hetrain bound: on a CUDA worker `local_rank()` is that device's index."""
+    import hetrain
+    from hetrain.api import basics
+    from hetrain.runtime import context
+
+    cluster = parse_cluster({"machines": [
+        {"name": f"m{i}", "role": "worker", "device": {"kind": "gpu", "cuda": True}, "gpus": 2} for i in range(2)]})
+    topo = build_topology(cluster, "allreduce")
+    for p in topo.workers:
+        ctx = context.Context(None, cluster, topo, None, None, device=worker_device(p))
+        monkeypatch.setattr(basics, "init", lambda ctx=ctx, p=p: _AtRank(ctx, p.rank))
+        assert hetrain.local_rank() == worker_device(p).index
+
+
+class _AtRank:
+    """A context of a given rank (what `hetrain.init()` returns in a worker)."""
+
+    def __init__(self, ctx, rank: int) -> None:
+        self._ctx, self.rank = ctx, rank
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
