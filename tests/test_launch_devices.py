@@ -166,3 +166,20 @@ class _AtRank:
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)
+
+
+def test_two_node_launchers_on_one_host_with_gpus_are_refused_under_nccl(two_gpus):
+    """`hetrain launch --nnodes 2 --node_rank 0|1 --nproc-per-node gpu` twice on one host:
+    each node's worker i binds cuda:i of the same host; the leader, told each node's
+    host, refuses NCCL between them, saying what to do, and lets gloo share the GPUs."""
+    from hetrain.runtime.devices import host_clash
+    from hetrain.runtime.torchrun import workers_cluster
+
+    cluster = workers_cluster(2, 2, cuda=True)
+    topo = build_topology(cluster, "allreduce")
+    comm = CommConfig(mode="allreduce")
+    assert plan_backends(topo, comm).worker == "nccl"  # as each node sees it: GPUs of their own
+    why = host_clash(topo, comm, {0: "hostA/boot", 1: "hostA/boot"})
+    assert "nodes 0, 1 run on one host" in why and "cuda:0" in why and "--collective gloo" in why
+    assert host_clash(topo, comm, {0: "hostA/boot", 1: "hostB/boot"}) is None  # two hosts: fine
+    assert host_clash(topo, CommConfig(mode="allreduce", collective="gloo"), {0: "h", 1: "h"}) is None

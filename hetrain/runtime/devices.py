@@ -166,6 +166,38 @@ def sharing_note(topo: Topology, comm: CommConfig) -> str | None:
             "to use NCCL")
 
 
+def host_key() -> str:
+    """This host, as node launchers tell each other (host name and Linux boot id): two
+    launchers that report the same key share one host's GPUs."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def host_clash(topo: Topology, comm: CommConfig, host_of_node: dict[int, str]) -> str | None:
+    """Nodes of a job that one host runs (`host_of_node`: node -> `host_key`) each see
+    their GPUs as their own, so their CUDA workers may bind the same device; NCCL between
+    them fails ("Duplicate GPU detected"). The reason to refuse such a job, or None."""
+    by_gpu: dict[tuple[str, int], list[Proc]] = {}
+    for p in topo.workers:
+        if is_cuda(p) and p.machine.node in host_of_node:
+            by_gpu.setdefault((host_of_node[p.machine.node], worker_device(p).index), []).append(p)
+    clashes = [(gpu, procs) for (_, gpu), procs in by_gpu.items() if len({p.machine.node for p in procs}) > 1]
+    if not clashes or group_backend(topo, topo.worker_ranks, comm) != "nccl":
+        return None  # gloo through host memory lets workers share a GPU
+    gpu, procs = clashes[0]
+    nodes = sorted({p.machine.node for p in procs})
+    return (f"nodes {', '.join(map(str, nodes))} run on one host, and their workers "
+            f"{', '.join(sorted(p.machine.name for p in procs))} would all use its cuda:{gpu} with NCCL, which refuses "
+            "two ranks on one GPU; run one node per host, give the machines GPUs of their own (`device.index` in a "
+            "cluster file), or pass --collective gloo")
+
+
 def bind(proc: Proc, describe: str) -> torch.device:
     """Bind this worker to its GPU before anything touches CUDA (torch.cuda.set_device)."""
     device = worker_device(proc)
