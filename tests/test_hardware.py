@@ -207,5 +207,6 @@ def test_ray_bundles_follow_the_kinds_class():
     cluster = parse_cluster(lab_cluster())
     have = {"CPU": 16, "GPU": 4, "accelerator_type:V100": 2}
     bundles, index = machine_bundles(cluster, "allreduce", RayOptions(cpus_per_process=1), have)
-    assert bundles[index["g0"]] == {"CPU": 2.0, "GPU": 1.0, "accelerator_type:V100": 0.001}
+    # g0 runs 2 workers (gpus: 2): one GPU each
+    assert bundles[index["g0"]] == {"CPU": 2.0, "GPU": 2.0, "accelerator_type:V100": 0.001}
     assert bundles[index["w0"]] == {"CPU": 1.0}           # c5 is described as a CPU kind: no GPU

@@ -102,8 +102,8 @@ def test_nnodes_and_nproc_values():
         parse_nnodes("1:4")
     with pytest.raises(UserError, match="not a number of nodes"):
         parse_nnodes("two")
-    assert parse_nproc("4") == 4
-    assert parse_nproc("cpu") == len(os.sched_getaffinity(0))
+    assert parse_nproc("4").count == 4 and not parse_nproc("4").cuda
+    assert parse_nproc("cpu").count == len(os.sched_getaffinity(0))
     with pytest.raises(UserError, match="at least 1"):
         parse_nproc("0")
 

@@ -65,9 +65,13 @@ def _node_workers() -> list[int]:
 
 def local_rank() -> int:
     """This worker's index among the workers its node runs (Horovod/BytePS `local_rank`,
-    the same number as the LOCAL_RANK variable). Summation servers are not counted. For
-    the GPU to use, ask `hetrain.device()`: hetrain has already bound it (on an embedded
-    cluster several emulated machines of one host may share a GPU index)."""
+    the same number as the LOCAL_RANK variable; summation servers are not counted); on a
+    CUDA worker, the index of the GPU hetrain bound it to, so a Horovod script's
+    `torch.cuda.set_device(hvd.local_rank())` keeps that GPU (the two numbers are the same
+    wherever each GPU has one worker; workers of machines that share a GPU share it)."""
+    dev = init().device
+    if dev is not None and dev.type == "cuda":
+        return dev.index
     return _node_workers().index(init().rank)
 
 

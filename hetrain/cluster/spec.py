@@ -39,9 +39,11 @@ class SpeedChange(Strict):
 class DeviceSpec(Strict):
     """A worker's compute device: its kind's name (described under the file's `kinds:`, or
     a bare kind: `cpu` a CPU, anything else a GPU), emulated speed factor (1 = its real speed),
-    whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<local rank>`) or
-    a CPU (the default; slowed down by the speed factor when below 1), and an optional
-    memory override (per GPU).
+    whether it is a real CUDA GPU (`cuda: true`: tensors live on `cuda:<index + local rank>`)
+    or a CPU (the default; slowed down by the speed factor when below 1), and an optional
+    memory override (per GPU). `index` (with `cuda: true`): the CUDA device of the
+    machine's first worker on its host, so machines that share a host can each have GPUs
+    of their own (unset: 0, so such machines share cuda:0 over gloo).
 
     `memory` unset (the default): batch shares are capped by what the device itself
     reports free (GPU: the driver; CPU: cgroup / RLIMIT_AS / available RAM, see
@@ -52,6 +54,7 @@ class DeviceSpec(Strict):
     memory: float | None = Field(default=None, description="bytes, or a string like '4GiB'; unset: measured")
     speed_schedule: tuple[SpeedChange, ...] = ()
     cuda: bool = False
+    index: int | None = Field(default=None, ge=0, le=1023)
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -65,6 +68,18 @@ class DeviceSpec(Strict):
         if steps != sorted(set(steps)):
             raise ValueError("speed_schedule entries need strictly increasing at_step")
         return v
+
+    @model_validator(mode="after")
+    def _index_needs_cuda(self) -> "DeviceSpec":
+        if self.index is not None and not self.cuda:
+            raise ValueError(f"device index {self.index} names a CUDA device, but `cuda` is false; set `cuda: true` "
+                             "or remove `index`")
+        return self
+
+    @property
+    def first_gpu(self) -> int:
+        """The CUDA device index of the machine's first worker (0 unless `index` says)."""
+        return self.index or 0
 
     def speed_at(self, step: int) -> float:
         speed = self.speed

@@ -75,9 +75,10 @@ def _launch_config(args, argv: list[str], cluster=None):
     from .supervisor import ElasticConfig
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
 
+    nproc = parse_nproc(args.nproc_per_node) if getattr(args, "nproc_per_node", None) else None
     flags = TorchrunFlags(
         nnodes=parse_nnodes(args.nnodes) if getattr(args, "nnodes", None) else None,
-        nproc_per_node=parse_nproc(args.nproc_per_node) if getattr(args, "nproc_per_node", None) else None,
+        nproc_per_node=nproc.count if nproc else None, cuda=bool(nproc and nproc.cuda),
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))

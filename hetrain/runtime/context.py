@@ -220,8 +220,13 @@ def init() -> Context:
         # finalising is silent: tell the launcher it is expected, and end the heartbeat's thread first
         atexit.register(mark_leaving, store, env.rank, heartbeat)
         admit(store, load_secret(), env.rank, env.world_size, rendezvous)
-        dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
-                                world_size=env.world_size, timeout=timedelta(seconds=timeout))
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
+                                    world_size=env.world_size, timeout=timedelta(seconds=timeout))
+        elif dist.get_world_size() != env.world_size:  # the script's own init_process_group(), torchrun-style
+            raise UserError(f"the process group the script made has {dist.get_world_size()} ranks but the job has "
+                            f"{env.world_size} processes (summation servers included); call hetrain.init() "
+                            "before init_process_group(), or leave the group to hetrain")
     wait = timedelta(seconds=timeout)
     # every rank creates every group, in the same order (torch.distributed requires it); host
     # groups name gloo, never the default backend (a script's own NCCL default group)

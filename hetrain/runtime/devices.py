@@ -1,16 +1,23 @@
 """Which device each worker computes on, and which collective backend its groups use.
 
-A worker of a machine with `device.cuda: true` is bound to `cuda:<local rank>` (one
-process per GPU, `gpus: N`); every other worker computes on the CPU (an emulated device).
+A worker of a machine with `device.cuda: true` is bound to `cuda:<index + local rank>`
+(one process per GPU, `gpus: N`; `device.index`, default 0, is the machine's first GPU on
+its host); every other worker computes on the CPU (an emulated device).
 Every rank derives the same `Backends` from the cluster file and the job flags alone (not
 from what its own node has), because every rank must create the same process groups in
 the same order. Whether this node can honour them is checked separately: by the launcher
 before any process starts (`preflight`) and by each worker when it binds its GPU.
 
+A GPU is identified by its physical host and its device index (`gpu_id`). The cluster the
+processes see has one `node` per host: a launcher that runs several nodes' machines on one
+host (an embedded cluster) hands them the cluster `one_host` makes, so two machines of
+different cluster nodes on this host are seen to share cuda:0 rather than taken for two GPUs.
+
 NCCL is used where it fits: for the worker group when every worker is a CUDA GPU of its
 own, and for the local group of a machine with several CUDA GPUs. NCCL refuses two ranks
 of one communicator on one GPU, so workers that share a GPU (several emulated machines on
-one node with `cuda: true`) stay on gloo, which the engine feeds from pinned host buffers.
+one host with `cuda: true` and no `index` of their own) stay on gloo, which the engine
+feeds from pinned host buffers.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import torch
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .env import CommConfig
-from .topology import Proc, Topology
+from .topology import Proc, Topology, build_topology
 
 Backend = Literal["gloo", "nccl"]
 
@@ -32,8 +39,22 @@ def worker_device(proc: Proc) -> torch.device:
     """The device this process's tensors belong on (cpu for servers and emulated devices)."""
     dev = proc.machine.device
     if proc.role == "worker" and dev is not None and dev.cuda:
-        return torch.device("cuda", proc.local_rank)
+        return torch.device("cuda", dev.first_gpu + proc.local_rank)
     return torch.device("cpu")
+
+
+def gpu_id(proc: Proc) -> tuple[int, int]:
+    """The physical GPU of a CUDA worker: (its host, as the cluster's `node`, device index)."""
+    return proc.machine.node, worker_device(proc).index
+
+
+def one_host(cluster: ClusterSpec) -> ClusterSpec:
+    """The cluster as the processes of an embedded launch see it: every machine on this
+    one host (node 0), whatever `node:` the file gives it, so GPUs are told apart by
+    device alone. Ranks do not depend on `node`, so the rank table is unchanged."""
+    if all(m.node == 0 for m in cluster.machines):
+        return cluster
+    return cluster.model_copy(update={"machines": tuple(m.model_copy(update={"node": 0}) for m in cluster.machines)})
 
 
 def is_cuda(proc: Proc) -> bool:
@@ -41,11 +62,11 @@ def is_cuda(proc: Proc) -> bool:
 
 
 def shared_gpus(topo: Topology) -> dict[tuple[int, int], list[Proc]]:
-    """CUDA workers that would land on the same physical GPU: same node, same local rank."""
+    """CUDA workers that would land on the same physical GPU: same host, same device."""
     by_gpu: dict[tuple[int, int], list[Proc]] = {}
     for p in topo.workers:
         if is_cuda(p):
-            by_gpu.setdefault((p.machine.node, p.local_rank), []).append(p)
+            by_gpu.setdefault(gpu_id(p), []).append(p)
     return {k: v for k, v in by_gpu.items() if len(v) > 1}
 
 
@@ -75,9 +96,10 @@ def plan_backends(topo: Topology, comm: CommConfig) -> Backends:
         if shared:
             (node, gpu), procs = next(iter(shared.items()))
             names = ", ".join(sorted({p.machine.name for p in procs}))
-            raise UserError(f"--collective nccl: machines {names} all put a worker on GPU {gpu} of node {node}, and NCCL "
-                            "refuses two ranks on one GPU; give each machine its own node or GPUs, or use "
-                            "--collective gloo (the staged path lets workers share a GPU)")
+            raise UserError(f"--collective nccl: machines {names} all put a worker on cuda:{gpu} of host {node}, and "
+                            "NCCL refuses two ranks on one GPU; give each machine a GPU of its own (`device.index` "
+                            "in the cluster file, or a host of its own), or use --collective gloo (the staged path "
+                            "lets workers share a GPU)")
     nccl_ok = comm.collective != "gloo"
     worker = group_backend(topo, topo.worker_ranks, comm)
     local: dict[str, Backend] = {}
@@ -92,19 +114,23 @@ def plan_backends(topo: Topology, comm: CommConfig) -> Backends:
 def group_backend(topo: Topology, ranks, comm: CommConfig) -> Backend:
     """The backend of a group of workers' collectives on CUDA tensors (the job's workers,
     or a subgroup such as a pipeline stage's replicas): NCCL when the group has several
-    members, every one a CUDA GPU of its own (distinct node and local rank: NCCL refuses
+    members, every one a CUDA GPU of its own (distinct host and device: NCCL refuses
     two ranks of one communicator on one GPU), unless --collective gloo; gloo otherwise,
     fed from pinned host buffers. Pure: every rank derives the same answer."""
     procs = [topo.proc(r) for r in ranks]
     if comm.collective == "gloo" or len(procs) < 2 or not all(is_cuda(p) for p in procs):
         return "gloo"
-    gpus = {(p.machine.node, p.local_rank) for p in procs}
+    gpus = {gpu_id(p) for p in procs}
     return "nccl" if len(gpus) == len(procs) else "gloo"
 
 
 def preflight(cluster: ClusterSpec, topo: Topology, comm: CommConfig, node_rank: int | None) -> Backends:
     """Before any process starts: does this node have the GPUs (and NCCL) its machines
-    ask for? `node_rank` None checks every machine (an embedded cluster on this host)."""
+    ask for? `node_rank` None checks every machine (an embedded cluster on this host, seen
+    as the processes see it: `one_host`)."""
+    if node_rank is None:
+        cluster = one_host(cluster)
+        topo = build_topology(cluster, comm.mode)
     backends = plan_backends(topo, comm)
     mine = [m for m in cluster.workers if node_rank is None or m.node == node_rank]
     wanted = [m for m in mine if m.device is not None and m.device.cuda]
@@ -112,17 +138,64 @@ def preflight(cluster: ClusterSpec, topo: Topology, comm: CommConfig, node_rank:
         return backends
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for m in wanted:
-        if m.local_workers > have:
+        if m.device.first_gpu + m.local_workers > have:
             where = "this host" if node_rank is None else f"node {node_rank}"
-            raise UserError(f"machine {m.name} asks for {m.local_workers} GPU(s) (gpus: {m.gpus or 1}, device.cuda: "
-                            f"true) but {where} has {have} CUDA device(s); lower `gpus`, set `device.cuda: false` to "
-                            "emulate the GPUs on the CPU, or run the machine on a node with enough GPUs")
+            which = f"cuda:{m.device.first_gpu}..{m.device.first_gpu + m.local_workers - 1}"
+            raise UserError(f"machine {m.name} asks for {m.local_workers} GPU(s) ({which}: gpus {m.gpus or 1}, "
+                            f"device.index {m.device.first_gpu}, device.cuda true) but {where} has {have} CUDA "
+                            "device(s); lower `gpus` or `index`, set `device.cuda: false` to emulate the GPUs on the "
+                            "CPU, or run the machine on a node with enough GPUs")
     names = {m.name for m in wanted}
     needs_nccl = (backends.worker == "nccl") or any(b == "nccl" and n in names for n, b in backends.local.items())
     if needs_nccl and not torch.distributed.is_nccl_available():
         raise UserError("this job uses NCCL between GPUs (every worker has a GPU of its own, or a machine has several) "
                         "but this PyTorch build has no NCCL; install a CUDA build of PyTorch or pass --collective gloo")
     return backends
+
+
+def sharing_note(topo: Topology, comm: CommConfig) -> str | None:
+    """What the launcher says when CUDA workers share a GPU, so their collectives fall
+    back from NCCL to gloo through host memory; None when none share."""
+    shared = shared_gpus(topo)
+    if not shared or comm.collective == "gloo":
+        return None
+    groups = "; ".join(f"{', '.join(sorted({p.machine.name for p in procs}))} on cuda:{gpu}"
+                       for (_, gpu), procs in sorted(shared.items()))
+    return (f"workers share a GPU ({groups}): NCCL refuses two ranks on one GPU, so their collectives use gloo "
+            "through host memory; give each machine a GPU of its own with `device.index` (or a host of its own) "
+            "to use NCCL")
+
+
+def host_key() -> str:
+    """This host, as node launchers tell each other (host name and Linux boot id): two
+    launchers that report the same key share one host's GPUs."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def host_clash(topo: Topology, comm: CommConfig, host_of_node: dict[int, str]) -> str | None:
+    """Nodes of a job that one host runs (`host_of_node`: node -> `host_key`) each see
+    their GPUs as their own, so their CUDA workers may bind the same device; NCCL between
+    them fails ("Duplicate GPU detected"). The reason to refuse such a job, or None."""
+    by_gpu: dict[tuple[str, int], list[Proc]] = {}
+    for p in topo.workers:
+        if is_cuda(p) and p.machine.node in host_of_node:
+            by_gpu.setdefault((host_of_node[p.machine.node], worker_device(p).index), []).append(p)
+    clashes = [(gpu, procs) for (_, gpu), procs in by_gpu.items() if len({p.machine.node for p in procs}) > 1]
+    if not clashes or group_backend(topo, topo.worker_ranks, comm) != "nccl":
+        return None  # gloo through host memory lets workers share a GPU
+    gpu, procs = clashes[0]
+    nodes = sorted({p.machine.node for p in procs})
+    return (f"nodes {', '.join(map(str, nodes))} run on one host, and their workers "
+            f"{', '.join(sorted(p.machine.name for p in procs))} would all use its cuda:{gpu} with NCCL, which refuses "
+            "two ranks on one GPU; run one node per host, give the machines GPUs of their own (`device.index` in a "
+            "cluster file), or pass --collective gloo")
 
 
 def bind(proc: Proc, describe: str) -> torch.device:

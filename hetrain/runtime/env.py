@@ -6,9 +6,10 @@ code written for torchrun keeps working inside a hetrain job. They count process
 torch.distributed does: RANK/WORLD_SIZE span every process of the job's process group
 (workers are ranks 0..n-1, summation servers follow), LOCAL_RANK/LOCAL_WORLD_SIZE the
 processes one launcher starts on its host, workers first (so a worker's LOCAL_RANK
-is its index among the host's workers, the GPU index on a multi-GPU host). A CUDA
-worker is bound to the GPU of its index among its *machine's* workers (runtime/devices.py):
-on a host that runs one machine the two agree; several machines on one host share its GPUs.
+is its index among the host's workers), except that a CUDA worker's LOCAL_RANK is the GPU
+it is bound to (runtime/devices.py: `device.index` + its index among its *machine's*
+workers), so `torch.cuda.set_device(LOCAL_RANK)` agrees with hetrain's binding. The
+launcher sets the rest of torchrun's agent variables too (`torchrun.agent_environ`).
 
 The job's communication settings (`CommConfig`) are validated here, at launch, so a bad
 flag fails before any process starts. The codec vocabulary lives here too (not in the

@@ -117,7 +117,7 @@ def machine_bundles(cluster: ClusterSpec, mode: str, opts: RayOptions,
         if opts.cpus_per_process > 0:
             b["CPU"] = opts.cpus_per_process * nprocs
         if uses_gpu(cluster, m):
-            b[opts.gpu_resource] = 1.0
+            b[opts.gpu_resource] = float(m.local_workers)  # one per worker process; its servers take none
             kind = gpu_type_of(cluster, m)
             if kind:
                 marker = opts.gpu_type_resource.format(KIND=kind.upper(), kind=kind)
@@ -134,6 +134,49 @@ def machine_bundles(cluster: ClusterSpec, mode: str, opts: RayOptions,
     return bundles, index
 
 
+def actor_resources(p: Proc, cluster: ClusterSpec, opts: RayOptions) -> dict:
+    """What one process's actor asks of its machine's bundle: its CPUs, and one GPU for a
+    worker of a GPU machine (a co-located summation server takes none: the bundle holds
+    one GPU per worker, `machine_bundles`)."""
+    res: dict = {"num_cpus": opts.cpus_per_process}
+    if p.role == "worker" and uses_gpu(cluster, p.machine):
+        if opts.gpu_resource == "GPU":
+            res["num_gpus"] = 1  # Ray then sets CUDA_VISIBLE_DEVICES for the actor
+        else:
+            res["resources"] = {opts.gpu_resource: 1.0}
+    return res
+
+
+def device_view(cluster: ClusterSpec, granted: dict[str, list[str]], ray_node: dict[str, int]
+                ) -> tuple[ClusterSpec, dict[str, str]]:
+    """How the processes of a Ray job see their GPUs, from the CUDA devices Ray granted
+    each CUDA machine's worker actors (`granted`: machine -> device ids in local-rank
+    order) and the Ray node each machine landed on (`ray_node`).
+
+    Ray hides from each actor every GPU but its own (per-actor CUDA_VISIBLE_DEVICES), so
+    `cuda:<local rank>` would be wrong for all but the first worker of a machine, and
+    every GPU would look like cuda:0 of one host, so NCCL would never be chosen. Instead
+    every process on a Ray node sees the GPUs granted on that node, in machine order
+    (returned: CUDA_VISIBLE_DEVICES per machine); each CUDA machine gets `device.index`
+    = the position of its first GPU in that list, and `node` = its Ray node, so each
+    worker binds its own GPU and GPUs are told apart by (Ray node, device). Machines
+    without granted devices (CPU, or emulated GPUs of a custom resource) keep theirs."""
+    visible: dict[int, list[str]] = {}
+    for m in cluster.machines:
+        if granted.get(m.name):
+            visible.setdefault(ray_node[m.name], []).extend(granted[m.name])
+    machines, env = [], {}
+    for m in cluster.machines:
+        node = ray_node.get(m.name, 0)
+        if node in visible:
+            env[m.name] = ",".join(visible[node])
+        if granted.get(m.name) and m.device is not None and m.device.cuda:
+            first = visible[node].index(granted[m.name][0])
+            m = m.model_copy(update={"device": m.device.model_copy(update={"index": first})})
+        machines.append(m.model_copy(update={"node": node}))
+    return cluster.model_copy(update={"machines": tuple(machines)}), env
+
+
 class _RankProcess:
     """Actor (threaded) that runs one process of the job on its node."""
 
@@ -143,6 +186,12 @@ class _RankProcess:
         self.cond = threading.Condition()
         self.code: int | None = None
         self.pending: list[int] = []  # signals that came before the process existed
+
+    def gpus(self) -> list[str]:
+        """The CUDA devices Ray gave this actor (it sets CUDA_VISIBLE_DEVICES to them)."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
 
     def where(self) -> tuple[str, str]:
         import ray
@@ -297,26 +346,44 @@ class RayProcesses(ProcessBackend):
         self.cluster: ClusterSpec | None = None
         self.bundle_of: dict[str, int] = {}
         self.node_ip_of: dict[str, str] = {}
+        self.ray_node: dict[str, int] = {}  # machine -> index of the Ray node its bundle landed on
         self.actors: list = []
         self._actor_cls = None
+        self._ready: dict[int, object] = {}  # rank -> its actor, made by `prepare`
 
-    def spawn(self, p: Proc, args: list[str], env: dict[str, str], cores) -> RemoteProcess:
+    gpus_here = False  # Ray reserves the GPUs on its nodes; the driver's own do not count
+
+    def _actor(self, p: Proc):
         ray = import_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if self._actor_cls is None:
             self._actor_cls = ray.remote(max_concurrency=4)(_RankProcess)
-        opts = {"num_cpus": self.opts.cpus_per_process, "max_restarts": 0,
+        opts = {"max_restarts": 0, **actor_resources(p, self.cluster, self.opts),
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=self.bundle_of[p.machine.name])}
-        if uses_gpu(self.cluster, p.machine):
-            if self.opts.gpu_resource == "GPU":
-                opts["num_gpus"] = 1  # Ray then sets CUDA_VISIBLE_DEVICES for the process
-            else:
-                opts["resources"] = {self.opts.gpu_resource: 1.0}
         actor = self._actor_cls.options(**opts).remote()
         self.actors.append(actor)
-        return RemoteProcess(ray, actor, actor.start.remote(args, env, os.getcwd()), self.node_ip_of[p.machine.name])
+        return actor
+
+    def prepare(self, procs: list[Proc], view: ClusterSpec) -> tuple[ClusterSpec, dict[int, dict[str, str]]]:
+        """Make the round's actors first and ask which GPUs Ray gave them, so each
+        process is told its own (`device_view`)."""
+        ray = import_ray()
+        self._ready = {p.rank: self._actor(p) for p in procs}
+        cuda = [p for p in procs if p.role == "worker" and p.machine.device is not None and p.machine.device.cuda]
+        ids = ray.get([self._ready[p.rank].gpus.remote() for p in cuda]) if cuda else []
+        granted: dict[str, list[str]] = {}
+        for p, got in zip(cuda, ids):
+            granted.setdefault(p.machine.name, []).extend(got)
+        view, visible = device_view(view, granted, self.ray_node)
+        return view, {p.rank: {"CUDA_VISIBLE_DEVICES": visible[p.machine.name]} for p in procs
+                      if p.machine.name in visible}
+
+    def spawn(self, p: Proc, args: list[str], env: dict[str, str], cores) -> RemoteProcess:
+        actor = self._ready.pop(p.rank, None) or self._actor(p)
+        return RemoteProcess(import_ray(), actor, actor.start.remote(args, env, os.getcwd()),
+                             self.node_ip_of[p.machine.name])
 
     def signal(self, child: Child, signum: int) -> None:
         child.popen.signal_group(signum)
@@ -396,6 +463,7 @@ class RayLauncher(Launcher):
                 m = m.model_copy(update={"node": 0})
             machines.append(m)
         nodes = sorted({by_bundle[i] for i in self.backend.bundle_of.values()})
+        self.backend.ray_node = {m: nodes.index(by_bundle[i]) for m, i in self.backend.bundle_of.items()}
         self._log(f"hetrain: Ray placement group {self.backend.pg.id.hex()[:8]}: {len(bundles)} bundles on {len(nodes)} "
                   f"node(s) ({', '.join(sorted(set(self.backend.node_ip_of.values())))})")
         return cfg.cluster.model_copy(update={"machines": tuple(machines),

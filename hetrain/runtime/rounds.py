@@ -8,6 +8,7 @@ processes. Everything is a small string under `hetrain/`; nothing is unpickled.
     hetrain/nonce                  per job, for join proofs
     hetrain/joins                  counter; hetrain/join/<i> = JSON join request i
     hetrain/node/<k>/hb            node k's launcher heartbeat counter
+    hetrain/host/<k>               node k's host (devices.host_key): nodes on one host share its GPUs
     hetrain/round                  counter: round r is published when it reaches r+1
     hetrain/roundspec/<r>          JSON {"machines": [...]} of round r
     hetrain/job                    "<exit code>" once the job is over
@@ -26,6 +27,7 @@ ROUND = "hetrain/round"
 JOB = "hetrain/job"
 JOINS = "hetrain/joins"
 NODE_HB = "hetrain/node/{}/hb"
+HOST = "hetrain/host/{}"
 EXIT = "hetrain/exit/{}"
 TEARDOWN = "hetrain/teardown"
 RESIZE = "hetrain/resize"

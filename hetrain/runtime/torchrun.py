@@ -27,7 +27,16 @@ TORCHRUN_RDZV_PORT = 29400  # torchrun's default port of a --rdzv-endpoint given
 RdzvBackend = Literal["c10d", "static"]
 
 
-def parse_nproc(value: str) -> int:
+@dataclass(frozen=True)
+class Nproc:
+    """`--nproc-per-node` resolved: how many worker processes, and whether each is bound
+    to a CUDA device of its own (`gpu`, or `auto` where CUDA is)."""
+
+    count: int
+    cuda: bool = False
+
+
+def parse_nproc(value: str) -> Nproc:
     """`--nproc-per-node`: a count, or torchrun's `gpu` (one per CUDA device), `cpu`
     (one per core) and `auto` (gpu where CUDA is, else cpu)."""
     v = str(value).strip().lower()
@@ -36,19 +45,19 @@ def parse_nproc(value: str) -> int:
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus:
-            return gpus
+            return Nproc(gpus, cuda=True)
         if v == "gpu":
             raise UserError("--nproc-per-node gpu: this host has no CUDA device; give a number of processes")
         v = "cpu"
     if v == "cpu":
-        return len(os.sched_getaffinity(0))
+        return Nproc(len(os.sched_getaffinity(0)))
     try:
         n = int(v)
     except ValueError:
         raise UserError(f"--nproc-per-node {value!r} is not a number of processes (or gpu, cpu, auto)") from None
     if n < 1:
         raise UserError(f"--nproc-per-node must be at least 1, got {n}")
-    return n
+    return Nproc(n)
 
 
 def parse_nnodes(value: str) -> int:
@@ -113,14 +122,19 @@ def local_address_towards(addr: str) -> str:
         return s.getsockname()[0]
 
 
-def workers_cluster(nnodes: int, nproc_per_node: int, address: str = "127.0.0.1") -> ClusterSpec:
+def workers_cluster(nnodes: int, nproc_per_node: int, address: str = "127.0.0.1", cuda: bool = False) -> ClusterSpec:
     """The cluster a torchrun line describes: `nnodes` nodes of `nproc_per_node` worker
     machines, one process each, named `w<rank>` in torchrun's rank order (node-major).
+    With `cuda` (`--nproc-per-node gpu|auto` on a host with CUDA) worker i of a node is
+    bound to cuda:i of its host (`device.index`), as torchrun's LOCAL_RANK would pick it.
 
     Only this node's address is known to it, so every machine carries `address`; a
     process uses only its own machine's address (to bind gloo), so the other nodes'
     entries are never read."""
-    machines = [{"name": f"w{node * nproc_per_node + i}", "role": "worker", "device": {"kind": "cpu"},
+    def device(i: int) -> dict:
+        return {"kind": "gpu", "cuda": True, "index": i} if cuda else {"kind": "cpu"}
+
+    machines = [{"name": f"w{node * nproc_per_node + i}", "role": "worker", "device": device(i),
                  "address": address, "node": node}
                 for node in range(nnodes) for i in range(nproc_per_node)]
     return parse_cluster({"name": f"torchrun-{nnodes}x{nproc_per_node}", "machines": machines}, "<torchrun flags>")
@@ -132,6 +146,7 @@ class TorchrunFlags:
 
     nnodes: int | None = None
     nproc_per_node: int | None = None
+    cuda: bool = False  # --nproc-per-node gpu|auto found CUDA devices: one per process
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
@@ -192,7 +207,7 @@ def resolve(flags: TorchrunFlags, cluster: ClusterSpec | None, mode: str | None)
         _check_agrees(flags, cluster)
     elif synthesized:
         address = local_address_towards(master_addr) if master_addr else "127.0.0.1"
-        cluster = workers_cluster(flags.nnodes or 1, flags.nproc_per_node or 1, address)
+        cluster = workers_cluster(flags.nnodes or 1, flags.nproc_per_node or 1, address, cuda=flags.cuda)
         mode = mode or "allreduce"
     else:
         cluster = default_cluster()
@@ -227,6 +242,33 @@ def _check_agrees(flags: TorchrunFlags, cluster: ClusterSpec) -> None:
             got = ", ".join(f"node {n}: {k}" for n, k in per_node.items())
             raise UserError(f"--nproc-per-node {flags.nproc_per_node} contradicts the cluster file, which has "
                             f"{got} worker process(es); drop --nproc-per-node (the file decides) or change the file")
+
+
+def agent_environ(*, group_rank: int, group_world_size: int, role: str, role_rank: int, role_world_size: int,
+                  restart: int, max_restarts: int, run_id: str, master_port: int, error_file: str) -> dict[str, str]:
+    """The variables torchrun's agent sets for a process beyond RANK/WORLD_SIZE/LOCAL_*
+    /MASTER_ADDR (`torch.distributed.elastic.agent.server.local_elastic_agent`), so a
+    script written for torchrun finds them under `hetrain launch` too:
+
+    - GROUP_RANK / GROUP_WORLD_SIZE: this node (its launcher) and the number of nodes;
+    - ROLE_NAME / ROLE_RANK / ROLE_WORLD_SIZE: torchrun's one role is `default`; hetrain's
+      workers are that role (ROLE_RANK = worker rank), its summation servers `server`;
+    - MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True: `init_process_group()` (env://)
+      joins the launcher-served store as a client instead of hosting one on rank 0;
+    - TORCHELASTIC_RESTART_COUNT (the round: one more per restart or resize),
+      TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID (the job id), and
+      TORCHELASTIC_ERROR_FILE, where `torch.distributed.elastic`'s `@record` writes a
+      failing rank's traceback.
+
+    TORCH_NCCL_ASYNC_ERROR_HANDLING is left to the process (hetrain's NCCL set-up
+    chooses it; torchrun defaults it to 1)."""
+    return {
+        "GROUP_RANK": str(group_rank), "GROUP_WORLD_SIZE": str(group_world_size),
+        "ROLE_NAME": role, "ROLE_RANK": str(role_rank), "ROLE_WORLD_SIZE": str(role_world_size),
+        "MASTER_PORT": str(master_port), "TORCHELASTIC_USE_AGENT_STORE": str(True),
+        "TORCHELASTIC_RESTART_COUNT": str(restart), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_ERROR_FILE": error_file,
+    }
 
 
 def from_torchrun_environ(environ: dict[str, str] | None = None):

@@ -19,7 +19,7 @@ from ...errors import UserError
 from .. import STOP_REQUESTED
 from ..auth import new_secret
 from ..cores import describe as describe_cores
-from ..devices import preflight as gpu_preflight
+from ..devices import one_host, preflight as gpu_preflight
 from ..env import round_prefix
 from ..topology import Proc, Topology, build_topology
 from .config import LaunchConfig
@@ -28,7 +28,12 @@ from .leader import Leader
 from .output import pump
 from .preflight import check_entry_point, check_node, plan_cores
 from .procs import Child, LocalProcesses, ProcessBackend, process_args, process_env
-from .store import open_store
+from .store import SCRIPT_PORT, ScriptStore, open_store
+
+# torchrun's agent: these end the launcher, passed on to the processes, which get
+# SHUTDOWN_S to stop before they are killed (`SimpleElasticAgent._shutdown`)
+DEATH_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+SHUTDOWN_S = 30.0
 
 
 class Launcher(Leader, Follower):
@@ -48,6 +53,9 @@ class Launcher(Leader, Follower):
         self.store = None
         self._job_over = False
         self._last_note = None
+        self.scripts: ScriptStore | None = None  # node 0: this round's store for the scripts' env://
+        self._script_port: int | None = None
+        self._death_sig: signal.Signals | None = None  # the signal that is ending the launcher
 
     # ---- public -------------------------------------------------------------------------
     def run(self) -> int:
@@ -55,11 +63,12 @@ class Launcher(Leader, Follower):
         cluster = cfg.cluster
         # refused before anything starts (no namespace, store or process)
         check_entry_point(cfg.argv)
-        if not cfg.assign_node_rank:
-            check_node(cluster, cfg.comm, cfg.node_rank)  # cores, and the GPUs and NCCL this node's machines ask for
+        note = None
+        if not cfg.assign_node_rank:  # cores, and the GPUs and NCCL this node's machines ask for
+            note = check_node(cluster, cfg.comm, cfg.node_rank, self.backend.gpus_here)
         self._emulation(cluster)
-        old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-        for s in (signal.SIGTERM, signal.SIGINT):
+        old = {s: signal.getsignal(s) for s in (*DEATH_SIGNALS, signal.SIGUSR1)}
+        for s in DEATH_SIGNALS:
             signal.signal(s, self._on_signal)
         signal.signal(signal.SIGUSR1, self._forward)
         try:
@@ -67,10 +76,16 @@ class Launcher(Leader, Follower):
                 cluster = self.netns.up()
                 self._log(f"hetrain: emulated network: {len(cluster.machines)} namespaces on bridge "
                           f"{self.netns.bridge}, tbf-shaped links, {self.netns.qdisc_used} queues")
+            if note:
+                self._log(f"hetrain: {note}")
             return self._run(cluster)
         finally:
-            self._stop_all(grace=3.0)
+            # as torchrun: the signal that ends the launcher goes on to the processes, which get
+            # its shutdown timeout to act on it (a script may checkpoint on SIGTERM)
+            self._stop_all(grace=3.0 if self._death_sig is None else SHUTDOWN_S, signum=self._death_sig)
             self._end_job(130)  # followers stop too if the leader is interrupted
+            if self.scripts is not None:
+                self.scripts.close()
             if self.netns is not None:
                 self.netns.down()
             if self.ratelimit_dir:
@@ -107,6 +122,7 @@ class Launcher(Leader, Follower):
                 self.backend.signal(c, signum)
 
     def _on_signal(self, signum, frame) -> None:
+        self._death_sig = signal.Signals(signum)
         raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
 
     def _run(self, cluster: ClusterSpec) -> int:
@@ -134,35 +150,52 @@ class Launcher(Leader, Follower):
         import torch.distributed as dist
 
         rstore = dist.PrefixStore(round_prefix(r), self.store)
+        # node 0 opened the round's store for the scripts before publishing the round
+        self._script_port = self.scripts.port if self.scripts is not None else int(rstore.get(SCRIPT_PORT).decode())
         local = [p for p in topo.procs if p.machine.name in self.my_machines]
+        (self.run_dir / "errors" / f"round{r}").mkdir(parents=True, exist_ok=True)  # TORCHELASTIC_ERROR_FILE's
         cores = plan_cores(local)
         if cores.pinned and r == 0:
             self._log(f"hetrain: {describe_cores(cores, local)}")
-        self.children = [self._child(p, topo, sub, r, i, len(local), cores) for i, p in enumerate(local)]
+        # the processes of an embedded launch see one host (devices.one_host): GPUs are told apart by device
+        view, extra = self.backend.prepare(local, sub if self.multinode else one_host(sub))
+        self.children = [self._child(p, topo, view, r, i, len(local), cores, extra.get(p.rank, {}))
+                         for i, p in enumerate(local)]
         if STOP_REQUESTED.is_set():  # asked before the processes existed
             self._forward()
         return rstore
 
-    def _child(self, p: Proc, topo: Topology, sub: ClusterSpec, r: int, local_rank: int, local_world_size: int,
-               cores) -> Child:
-        """Start process `p` of round `r` and forward its output."""
-        env = process_env(self.cfg, p, topo.world_size, sub, self.master_addr, self.port, self.job_id, self.secret,
+    def _child(self, p: Proc, topo: Topology, view: ClusterSpec, r: int, local_rank: int, local_world_size: int,
+               cores, extra: dict[str, str]) -> Child:
+        """Start process `p` of round `r` (told the cluster `view`, and `extra` variables)
+        and forward its output."""
+        env = process_env(self.cfg, p, topo, view, self.master_addr, self.port, self.job_id, self.secret,
                           str(self.run_dir), self.ratelimit_dir, local_rank=local_rank,
-                          local_world_size=local_world_size, threads=cores.threads_for(p.rank), restart=r)
+                          local_world_size=local_world_size, threads=cores.threads_for(p.rank), restart=r,
+                          group_rank=p.machine.node, script_port=self._script_port) | extra
         child = Child(p, self.backend.spawn(p, process_args(self.cfg, p), env, cores))
         child.reader = threading.Thread(target=pump, args=(child, self._log, self.cfg.quiet), daemon=True)
         child.reader.start()
         return child
+
+    def _open_script_store(self, r: int) -> None:
+        """Node 0: a fresh store for round r's scripts (`store.ScriptStore`), its port
+        published for the other nodes before the round is."""
+        if self.scripts is not None:
+            self.scripts.close()
+        self.scripts = ScriptStore(self.master_addr)
+        self.store.set(f"{round_prefix(r)}/{SCRIPT_PORT}", str(self.scripts.port))
 
     # ---- output and teardown ------------------------------------------------------------
     def _log(self, text: str) -> None:
         with self._print_lock:
             print(text, flush=True)
 
-    def _stop_all(self, grace: float) -> None:
+    def _stop_all(self, grace: float, signum: int | None = None) -> None:
+        """Stop this node's processes: `signum` (SIGTERM), then SIGKILL after `grace` s."""
         alive = [c for c in self.children if c.popen.poll() is None]
         for c in alive:
-            self.backend.signal(c, signal.SIGTERM)
+            self.backend.signal(c, signum or signal.SIGTERM)
         end = time.monotonic() + grace
         for c in alive:
             try:

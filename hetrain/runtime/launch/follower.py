@@ -8,8 +8,9 @@ import time
 import uuid
 from datetime import timedelta
 
+from ..devices import host_key
 from ..heartbeat import Heartbeat
-from ..rounds import JOB, JOINS, NODE_HB, TEARDOWN, JoinRequest, dead_key, join_key, latest_round, post_exit, \
+from ..rounds import HOST, JOB, JOINS, NODE_HB, TEARDOWN, JoinRequest, dead_key, join_key, latest_round, post_exit, \
     round_machines
 from ..topology import build_topology
 from .procs import is_consequence
@@ -29,6 +30,7 @@ class Follower:
             i = int(store.add(JOINS, 1)) - 1
             store.set(join_key(i), JoinRequest(node, instance, join_tag(self.secret, nonce, node, instance)).dumps())
 
+        store.set(HOST.format(node), host_key())  # the leader refuses nodes that share a host's GPUs under NCCL
         join()
         beat = Heartbeat(self.master_addr, self.port, "", node, keyfmt=NODE_HB).start()
         self._log(f"hetrain: node {node} joined job at {self.master_addr}:{self.port}; waiting for rounds")

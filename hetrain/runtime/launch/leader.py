@@ -10,9 +10,10 @@ import uuid
 
 from ...errors import UserError
 from .. import STOP_REQUESTED
+from ..devices import host_clash, host_key
 from ..heartbeat import Liveness
 from ..env import round_prefix
-from ..rounds import COMMITS, JOB, JOINS, NODE_HB, RESIZE, TEARDOWN, JoinRequest, dead_key, join_key, publish_round, \
+from ..rounds import COMMITS, HOST, JOB, JOINS, NODE_HB, RESIZE, TEARDOWN, JoinRequest, dead_key, join_key, publish_round, \
     read_exit
 from ..supervisor import Membership
 from ..topology import Topology, build_topology
@@ -32,6 +33,10 @@ class Leader:
         self.node_live = None
         if self.multinode:
             self._await_nodes()
+            clash = host_clash(build_topology(self.cluster, cfg.comm.mode), cfg.comm, self._hosts())
+            if clash:
+                self._log(f"hetrain: job refused: {clash}")
+                return self._end_job(1)
         restarts, r = 0, 0
         while True:
             back = self.membership.ready_to_return() if r > 0 else []
@@ -56,6 +61,7 @@ class Leader:
             names = [m.name for m in sub.machines]
             # the round's admission nonce exists before any of its processes asks for it
             self.store.set(f"{round_prefix(r)}/hetrain/nonce", uuid.uuid4().hex)
+            self._open_script_store(r)
             if self.multinode:
                 publish_round(self.store, r, names)
             rstore = self._start_round(r, sub, topo)
@@ -215,6 +221,17 @@ class Leader:
                 pass
         self._job_over = True
         return rc
+
+    def _hosts(self) -> dict[int, str]:
+        """The host of each connected node (node 0: this one), as their launchers said."""
+        hosts = {0: host_key()}
+        for node in self.node_instance:
+            try:
+                if self.store.check([HOST.format(node)]):
+                    hosts[node] = self.store.get(HOST.format(node)).decode()[:300]
+            except Exception:
+                pass
+        return hosts
 
     def _await_nodes(self) -> None:
         """Round 0 starts when every node's launcher joined, or after the rendezvous

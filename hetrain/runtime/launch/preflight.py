@@ -12,7 +12,7 @@ from pathlib import Path
 from ...cluster.spec import ClusterSpec
 from ...errors import UserError
 from ..cores import assign_cores
-from ..devices import preflight as gpu_preflight
+from ..devices import one_host, plan_backends, preflight as gpu_preflight, sharing_note
 from ..env import CommConfig
 from ..topology import Proc, Topology, build_topology
 
@@ -62,8 +62,17 @@ def plan_cores(local: list[Proc]):
     return assign_cores(local, sorted(os.sched_getaffinity(0)))
 
 
-def check_node(cluster: ClusterSpec, comm: CommConfig, node_rank: int | None) -> None:
-    """This node's share of the job fits this host: its workers' cores and its GPUs."""
+def check_node(cluster: ClusterSpec, comm: CommConfig, node_rank: int | None, gpus_here: bool = True) -> str | None:
+    """This node's share of the job fits this host: its workers' cores and its GPUs
+    (`gpus_here` False: the processes run elsewhere, e.g. on Ray's nodes, and only the
+    flags are checked). Returns a note for the log when CUDA workers share a GPU (and
+    so use gloo)."""
     topo = build_topology(cluster, comm.mode)
     plan_cores(local_procs(topo, node_rank))
-    gpu_preflight(cluster, topo, comm, node_rank)
+    if gpus_here:
+        gpu_preflight(cluster, topo, comm, node_rank)
+    else:
+        plan_backends(topo, comm)  # raises where the flags ask for NCCL that cannot work
+    if not gpus_here:
+        return None
+    return sharing_note(build_topology(one_host(cluster) if node_rank is None else cluster, comm.mode), comm)

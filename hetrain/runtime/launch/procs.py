@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 from ...cluster.spec import ClusterSpec
 from ..cores import pin
+from ..devices import worker_device
 from ..env import ProcEnv
-from ..topology import Proc
+from ..topology import Proc, Topology
+from ..torchrun import agent_environ
 from .config import LaunchConfig
 
 # what a process prints when it failed only because it lost a peer: hetrain's own error,
@@ -54,6 +56,13 @@ def describe_exit(code: int) -> str:
 class ProcessBackend:
     """Where and how the processes of a job run. Subclasses start them (`spawn`); the
     rest has a default for processes of this host."""
+
+    gpus_here = True  # the processes use this host's GPUs (pre-flight counts them here)
+
+    def prepare(self, procs: list[Proc], view: ClusterSpec) -> tuple[ClusterSpec, dict[int, dict[str, str]]]:
+        """Before a round's processes start: the cluster as they are to see it, and extra
+        variables by rank (a backend that learns their devices only once placed says so)."""
+        return view, {}
 
     def spawn(self, p: Proc, args: list[str], env: dict[str, str], cores) -> subprocess.Popen:
         """Start process `p` with interpreter arguments `args` and hetrain's variables
@@ -94,19 +103,32 @@ class LocalProcesses(ProcessBackend):
         return start_process(argv, full_env(env))
 
 
-def process_env(cfg: LaunchConfig, p: Proc, world_size: int, cluster: ClusterSpec, master_addr: str, port: int,
+def process_env(cfg: LaunchConfig, p: Proc, topo: Topology, cluster: ClusterSpec, master_addr: str, port: int,
                 job_id: str, secret: str, run_dir: str, ratelimit_dir: str | None = None, *,
                 local_rank: int = 0, local_world_size: int = 1, threads: int | None = None,
-                restart: int = 0) -> dict[str, str]:
+                restart: int = 0, group_rank: int = 0, script_port: int | None = None) -> dict[str, str]:
     """hetrain's variables for one process of a job, to lay over the environment of the
     machine it runs on (`full_env`). The one place that says what a process is told.
     `local_rank`/`local_world_size`: its place among the processes its launcher starts
-    (torchrun's LOCAL_RANK); `threads`: the cores the cluster file gives it; `restart`:
-    the job's round (0 first, then one more per restart or resize)."""
+    (torchrun's LOCAL_RANK), except that a CUDA worker's LOCAL_RANK is the index of the GPU
+    it is bound to, so a script's `torch.cuda.set_device(LOCAL_RANK)` or
+    `DDP(device_ids=[LOCAL_RANK])` picks that GPU (workers that share one GPU share it); `threads`: the cores the cluster file gives it; `restart`:
+    the job's round (0 first, then one more per restart or resize); `group_rank`: its
+    launcher's node; `script_port`: the round's store for the script's own env://
+    rendezvous (`store.ScriptStore`; torchrun's variables: `torchrun.agent_environ`)."""
     env = dict(cfg.extra_env)
-    env.update(ProcEnv(p.rank, world_size, master_addr, port, job_id, cluster.model_dump_json(), cfg.comm,
+    device = worker_device(p)
+    if device.type == "cuda":  # LOCAL_RANK names the GPU hetrain binds: set_device(LOCAL_RANK) agrees
+        local_rank = device.index
+    env.update(ProcEnv(p.rank, topo.world_size, master_addr, port, job_id, cluster.model_dump_json(), cfg.comm,
                        run_dir, local_rank=local_rank, local_world_size=local_world_size,
                        restart=restart).to_environ(secret))
+    worker = p.role == "worker"
+    env.update(agent_environ(
+        group_rank=group_rank, group_world_size=cfg.cluster.nnodes, role="default" if worker else "server",
+        role_rank=p.index, role_world_size=len(topo.workers if worker else topo.servers), restart=restart,
+        max_restarts=cfg.elastic.max_restarts, run_id=job_id, master_port=port if script_port is None else script_port,
+        error_file=os.path.join(run_dir, "errors", f"round{restart}", f"rank{p.rank}.json")))
     if threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     if ratelimit_dir:

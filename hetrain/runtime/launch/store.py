@@ -82,3 +82,31 @@ def open_store(cfg: LaunchConfig, master_addr: str, timeout: timedelta) -> OpenS
             raise UserError(f"node {node_rank + 1} joined a job of --nnodes {cfg.cluster.nnodes}; every node must "
                             "give the same --nnodes, and each job its own --rdzv-endpoint / --master-port")
     return OpenStore(store, port, node_rank, sock)
+
+
+SCRIPT_PORT = "hetrain/script_port"  # round<r>/...: the port of round r's store for the scripts' env://
+
+
+class ScriptStore:
+    """A fresh TCPStore for one round's scripts, served by node 0's launcher: MASTER_PORT
+    names it, and TORCHELASTIC_USE_AGENT_STORE=True tells torch's env:// rendezvous to
+    connect to it as a client rather than host one on rank 0 (what torchrun's agent
+    does with its own store). A store of its own per round, not the launcher's: a
+    restarted round's `init_process_group` then never reads the keys its dead
+    predecessor left (torch makes no per-attempt prefix on this path), and nothing a
+    script writes can touch hetrain's keys. Bound to the cluster address only, like
+    the launcher's store; closed when the next round opens its own or the job ends."""
+
+    def __init__(self, addr: str) -> None:
+        import torch.distributed as dist
+
+        self.sock = listen(addr, 0)
+        self.port = self.sock.getsockname()[1]
+        self.store = dist.TCPStore(addr, self.port, None, True, wait_for_workers=False,
+                                   master_listen_fd=self.sock.fileno(), **listen_fd_backend())
+
+    def close(self) -> None:
+        # the server owns the socket's descriptor from here on and closes it when it stops
+        # (with its last reference); closing it here too could close a reused number
+        self.sock.detach()
+        self.store = None
