@@ -102,12 +102,14 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_one_line_and_exit_2(name, files, capsys, monkeypatch):
-    import hetrain.runtime.launch.procs as launcher
+    import hetrain.runtime.launch.procs as procs
 
     def no_process(*a, **k):
         raise AssertionError(f"bad input started a process: {a[0] if a else k}")
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", no_process)
+    # the launcher's one way to start a process (patching subprocess.Popen itself would also
+    # stop libraries, e.g. matplotlib's first font scan, that run helpers while importing)
+    monkeypatch.setattr(procs, "start_process", no_process)
     argv = [a.replace("{d}", str(files)) for a in CASES[name]]
     try:
         rc = main(argv)
