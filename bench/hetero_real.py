@@ -62,7 +62,7 @@ def predict(fixed, per, comm_s: float, max_batch: int) -> list[dict]:
     """For global batches 64·2^k: predicted samples/s of the GPU alone, the CPU workers
     alone and both balanced (in the job, so each pays one push_pull per step), from the
     calibration fits (fixed + per-sample seconds, worker 0 = the GPU)."""
-    from hetrain.train.balance import solve_shares
+    from hetrain.perf.steptime import solve_shares
 
     fixed, per = np.asarray(fixed), np.asarray(per)
     n, big, out = len(fixed), 10**12, []
@@ -139,7 +139,8 @@ def worker(a) -> int:
 
     import hetrain
     from hetrain.runtime.memory import describe_device, synchronize
-    from hetrain.train.balance import BalanceConfig, StepTimeModel
+    from hetrain.perf.steptime import StepTimeModel
+    from hetrain.train.balance import BalanceConfig
     from hetrain.train.loader import BalancedLoader
 
     ctx = hetrain.init()

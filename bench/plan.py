@@ -8,6 +8,7 @@ HeterPS's headline (14.5x throughput, 312.3% lower cost). Also times rl and exac
 200-layer transformer.
 
     python bench/plan.py --quick --json out.json
+    python bench/plan.py --whole-job --quick --json out.json   # the whole-job section (bench/plan_job.py)
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hetrain.plan.base import Problem, get_planner  # noqa: E402
 from hetrain.plan.catalogue import load_catalogue  # noqa: E402
@@ -74,7 +76,14 @@ def main(argv=None) -> int:
     ap.add_argument("--profiles", default=None, help="folder to cache/reuse layer profiles")
     ap.add_argument("--models", default="ctr,cnn,transformer")
     ap.add_argument("--catalogues", default="aws,gcp")
+    ap.add_argument("--whole-job", action="store_true",
+                    help="the whole-job section instead: plans picked and predicted vs measured on 6 emulated "
+                         "clusters (bench/plan_job.py; --json goes there)")
     args = ap.parse_args(argv)
+    if args.whole_job:
+        from plan_job import main as whole_job
+
+        return whole_job((["--quick"] if args.quick else []) + (["--json", args.json] if args.json else []))
     repeats = 1 if args.quick else 3
     models = args.models.split(",")
     cats = {c: load_catalogue(c) for c in args.catalogues.split(",")}

@@ -357,9 +357,13 @@ class CudaWorkDevice(_CudaStaging):
 
     @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
-        # called once the local reduce of pid has completed (the transport polled its work)
+        # called after the transport waited for the local reduce of pid: that wait made the
+        # compute stream wait for the collective, so the copy stream waits for the compute
+        # stream (a stream wait, never the host; nothing relies on blocking NCCL waits)
         p = self.layout.parts[pid]
+        compute = self.cuda.compute()
         with torch.cuda.stream(self.cuda.d2h):
+            self.cuda.d2h.wait_stream(compute)
             if self.layout.wire is None:
                 self.host[p.start: p.start + p.length].copy_(self.work_view(pid), non_blocking=True)
             else:

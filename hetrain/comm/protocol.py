@@ -56,10 +56,11 @@ def exchange_header(*, digest: int = 0, weight: int = 0, stop: bool = False, num
 
 
 def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers: int = 1,
-                 machine_names: Sequence[str] = (), group=None) -> None:
+                 machine_names: Sequence[str] = (), group=None, host_group=None) -> None:
     """Raise the same clear error on every rank when the workers disagree. With `group`
     (a `comm.group.Group`) the header and the manifests are the group's, and the error
-    names the group and its members by their job ranks."""
+    names the group and its members by their job ranks. `host_group`: the job's host group
+    (Context.host_group) for the whole job's manifests."""
     if h.workers != n_workers:  # pragma: no cover - world mismatch is caught at init
         raise RuntimeError(f"expected {n_workers} workers in the step header, got {h.workers}")
     if 0 < h.stops < n_workers:
@@ -75,7 +76,7 @@ def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers
             "or all sum")
     if not h.agreed:
         if group is None:
-            manifests = exchange_manifests(manifest)
+            manifests = exchange_manifests(manifest, host_group)
             workers = {r: m for r, m in enumerate(manifests) if m is not None}
             raise TensorMismatchError(describe_mismatch(workers))
         manifests = exchange_manifests(manifest, group.gloo)
@@ -267,12 +268,12 @@ class Announcer:
         where = "exchanging the step header" + (f" of {g.describe()}" if g is not None else "")
         try:
             h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True,
-                                group=g.gloo if g is not None else None)
+                                group=g.gloo if g is not None else ctx.host_group)
         except RuntimeError as err:
             raise ctx.peer_error(where, [r for r in g.ranks if r != ctx.rank] if g is not None else [], err) from None
         self._check(h, manifest)
         if h.digest != self.digest:
-            exchange_manifests(manifest, g.gloo if g is not None else None)
+            exchange_manifests(manifest, g.gloo if g is not None else ctx.host_group)
             self.digest = h.digest
             self.epoch += 1
             self.on_layout(manifest)
@@ -281,7 +282,8 @@ class Announcer:
     def _check(self, h: Header, manifest: Manifest | None) -> None:
         try:
             n = self.group.size if self.group is not None else self.ctx.num_workers
-            check_header(h, n, manifest, len(self.servers), self.machine_names, self.group)
+            check_header(h, n, manifest, len(self.servers), self.machine_names, self.group,
+                         getattr(self.ctx, "host_group", None))
         except TensorMismatchError:
             self.ctx.failed = True
             raise
@@ -292,7 +294,8 @@ class Announcer:
             replies = ControlExchange(self.servers, digest=0, numel=0, weight=0, stop=True, average=False).wait()
             if {r.status for r in replies} == {STOPPED}:
                 return
-            h = exchange_header(stop=True, is_worker=True)  # not every worker stops: say so everywhere
+            # not every worker stops: say so everywhere
+            h = exchange_header(stop=True, is_worker=True, group=self.ctx.host_group)
         except RuntimeError as err:
             raise self.ctx.peer_error("telling the servers the job is over", [], err) from None
         self._check(h, None)

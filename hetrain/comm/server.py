@@ -101,19 +101,19 @@ class SummationServer:
         Returns whether the job goes on, and the next step's receives."""
         conflict = self.conflict + 1 if self.conflict >= 0 else 0
         try:
-            h = exchange_header(is_worker=False, conflict=conflict)
+            h = exchange_header(is_worker=False, conflict=conflict, group=self.ctx.host_group)
         except RuntimeError as err:
             raise self.ctx.peer_error("waiting for the next step", [], err) from None
         if h.stops == len(self.workers):  # pragma: no cover - the control messages catch a full stop
             return False, None
         try:
-            check_header(h, len(self.workers), None, self.n_servers, self.machine_names)
+            check_header(h, len(self.workers), None, self.n_servers, self.machine_names, host_group=self.ctx.host_group)
         except Exception:
             self.ctx.failed = True
             raise
         if h.digest != self.digest:
             # workers publish the new layout; servers need its size and (for codecs) its tensors
-            manifests = [m for m in exchange_manifests(None) if m is not None]
+            manifests = [m for m in exchange_manifests(None, self.ctx.host_group) if m is not None]
             self.digest = h.digest
             self.epoch += 1
             self._replan(h.numel_each, manifests[0] if manifests else None)

@@ -12,7 +12,9 @@
   workers broadcast it from the owner (BytePS's and Horovod's hierarchical scheme; a
   reduce and a broadcast per partition, which is a reduce-scatter and an all-gather with
   uneven pieces). The local group is a parameter: NCCL between a machine's GPUs, gloo for
-  emulated devices (how CPU tests run it). The servers see one pusher per machine and
+  emulated devices (how CPU tests run it) and for host tensors. Every worker of a machine
+  issues its collectives in one global order, all reduces then all broadcasts (as BytePS
+  fixes one order for its NCCL calls), so no two workers interleave them differently. The servers see one pusher per machine and
   weight it as the sum of its workers' pre-scaled gradients (comm/protocol.py), so the
   result stays the batch-weighted average.
 
@@ -291,7 +293,6 @@ class HierarchicalTransport(Transport):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.shares = np.array([p.share for p in ctx.topology.servers])
-        self.reduce_group, self.bcast_group = ctx.local_groups
         self.local = list(ctx.local_ranks)
 
     def partitions(self, numel: int) -> list[Partition]:
@@ -301,6 +302,10 @@ class HierarchicalTransport(Transport):
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)
         layout = self.layout
+        # device buffers over the machine's NCCL pair; host ones over its gloo pair (the NCCL
+        # communicators take CUDA tensors only)
+        pair = self.ctx.local_groups if staging.on_device else self.ctx.local_host_groups
+        self.reduce_group, self.bcast_group = pair
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}
         me = self.ctx.rank
@@ -362,8 +367,12 @@ class HierarchicalTransport(Transport):
         if done:
             self.summed.update(done)
             moved = True
-        # 4. local broadcasts from the owners, in the fixed order
-        while self.next_bcast < len(self.order) and self.order[self.next_bcast] in self.summed:
+        # 4. local broadcasts from the owners, in the fixed order, once every reduce is issued:
+        # every worker then issues the same sequence over both communicators (all reduces, then
+        # all broadcasts), never an interleaving that depends on when sums come back, which
+        # can deadlock NCCL where the GPU serialises its queues (CUDA_DEVICE_MAX_CONNECTIONS=1)
+        while (self.next_reduce == len(self.order) and self.next_bcast < len(self.order)
+               and self.order[self.next_bcast] in self.summed):
             pid = self.order[self.next_bcast]
             ev = st.in_event(pid)
             if ev is not None:  # NCCL: the broadcast runs after the sum's host-to-device copy

@@ -25,7 +25,9 @@ import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import format_table, gather_stats, write_summary
+from hetrain.train.summary import (ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
+                                   model_facts, planned, prediction_check, profile_steps, state_bytes,
+                                   write_summary)
 
 
 def load_digits_split(seed: int = 0):
@@ -95,6 +97,8 @@ def main(argv=None) -> int:
     # round balances afresh for its own (possibly fewer) workers.
     state = hetrain.elastic.State(model=model, optimizer=opt, loader=loader)
     counts = {"samples": 0, "steps": 0}
+    clock, acts = StepClock(), ActivationMeter()  # measured step time and memory, against a plan's prediction
+    limit = profile_steps()  # `hetrain launch --auto`'s profiling round: a few steps, then plan
 
     @hetrain.elastic.run
     def train(state) -> None:
@@ -108,11 +112,12 @@ def main(argv=None) -> int:
                 if emulated is not None:
                     emulated.check_memory(len(x), loader.balancer.cfg.memory_per_sample,
                                           loader.balancer.cfg.reserved_bytes)
-                with emulated.compute(len(x)) if emulated is not None else nullcontext():
+                with emulated.compute(len(x)) if emulated is not None else nullcontext(), acts.of(len(x)):
                     if len(x):
                         loss = F.cross_entropy(model(x), y)
                         loss.backward()
                 opt.step()
+                clock.tick()
                 counts["samples"] += len(x)
                 counts["steps"] += 1
                 step = epoch * len(loader) + loader.step
@@ -120,6 +125,10 @@ def main(argv=None) -> int:
                     writer.add_scalar("train/loss", loss.item(), step)
                 if args.commit_every and loader.step % args.commit_every == 0:
                     state.commit()  # after opt.step(): a restart resumes with the next step
+                if limit and counts["steps"] >= limit:
+                    break
+            if limit and counts["steps"] >= limit:
+                break  # the planned round continues from this round's last commit
             acc = accuracy(model, xte, yte)
             if rank == 0:
                 bar.update(1)
@@ -137,7 +146,8 @@ def main(argv=None) -> int:
     st = hetrain.engine().stats
     me = rank if len(steplog.labels) > 1 else 0
     mine = {"samples": samples, "steps": step, "wall_s": wall, "compute_s": steplog.totals["compute_s"][me],
-            "comm_s": st.comm_s, "wait_s": st.wait_s, "bytes": st.bytes_sent + st.bytes_received}
+            "comm_s": st.comm_s, "wait_s": st.wait_s, "bytes": st.bytes_sent + st.bytes_received,
+            "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak}
     rows = gather_stats(ctx, mine)
     if rank == 0:
         acc = accuracy(model, xte, yte)
@@ -152,7 +162,16 @@ def main(argv=None) -> int:
         print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
         print(steplog.summary())
         ranks = {lab: {**r, "device": d} for lab, r, d in zip(labels, rows, devices)}
-        path = write_summary(run_dir, {"accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
+        plan = planned()
+        check = None
+        if plan is not None:
+            check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)},
+                                     clock.times)
+            print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
+                  f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
+            log_prediction(writer, check)
+        path = write_summary(run_dir, {"prediction": check, "model": model_facts(model, acts),
+                                       "global_batch": args.global_batch, "accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
                                        "mode": ctx.comm.mode, "balance": args.balance,
                                        "compute_spread": spread if spread == spread else None,
                                        "final_shares": [int(v) for v in loader.sizes], "ranks": ranks})

@@ -123,6 +123,21 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
     return SplitPlan(m[:n], m[n:], float(x[-1]) * nbytes / scale)
 
 
+def byteps_shares(worker_bw, cpu_bw) -> tuple[np.ndarray, np.ndarray]:
+    """Fractions of the gradient each co-located and each CPU server holds, as the runtime
+    splits it: the closed form (`byteps_split`) for equal NICs, else the LP
+    (`optimal_split`); only CPU servers when there are more CPU machines than workers."""
+    wbw, cbw = np.asarray(worker_bw, dtype=float), np.asarray(cpu_bw, dtype=float)
+    n, k = len(wbw), len(cbw)
+    if np.allclose(wbw, wbw[0]) and (k == 0 or np.allclose(cbw, wbw[0])):
+        if k > n:
+            return np.zeros(n), np.full(k, 1.0 / k)
+        m_cpu, m_gpu = byteps_split(n, k)
+        return np.full(n, m_gpu), np.full(k, m_cpu)
+    split = optimal_split(1.0, wbw, cbw)
+    return split.gpu_bytes, split.cpu_bytes
+
+
 def transfer_time(nbytes: float, bandwidth: float, latency: float = 0.0) -> float:
     """Point-to-point transfer of nbytes over one link."""
     return latency + nbytes / bandwidth

@@ -6,10 +6,10 @@ CTR model *as the runtime runs it*: pipeline/stage.py's `StageCompute` (the code
 stage processes run), on micro-batches of the run's size, on the CPU with the CPU type's
 threads and cores, or on the GPU; embedding lookups pull their rows from an in-process
 shard (`ShardState`, the shards' own code; the network hop is in the link time below).
-Each measurement is a warm-up, then `runs` forward+backward passes back to back over a
-few different micro-batches of the stream, with one device synchronisation at the end
-(the pipeline runs micro-batches back to back; a synchronisation per pass would charge
-a GPU with the launch latency it hides in the run), the median of `repeats`.
+Each measurement is the one profiler's statistic (`plan.profile.time_passes`, also
+behind `hetrain plan`'s layer profiles): a warm-up, then `runs` forward+backward passes
+back to back over a few different micro-batches of the stream, with one device
+synchronisation at the end, the median of `repeats`.
 `stage_loop_time` times the whole model as one stage with the runtime's step loop (no
 messages), to set beside the profile's sum. Consecutive
 embedding layers are timed together and share the time evenly, since a stage pulls the
@@ -32,7 +32,6 @@ import contextlib
 import os
 import platform
 import socket
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import torch
 
 from ..cluster.hardware import Inventory
 from ..plan.catalogue import parse_catalogue
-from ..plan.profile import ModelProfile
+from ..plan.profile import ModelProfile, time_passes
 from .data import CTRData, CTRDataConfig, MicroBatchLoader
 from .messages import wire_for
 from .sparse_ps import ShardLayout, ShardState, SparseOptim
@@ -136,26 +135,20 @@ def runtime_layer_times(device: torch.device | str, micro_batch: int, threads: i
             stage = StageCompute(model, a, b, layout, wire, LocalRows(shard))
             inputs = [[t.detach().requires_grad_(t.is_floating_point() and a > 0) for t in st] for st in states]
 
-            def once(k: int):
+            outs: list = [None] * distinct
+
+            def once(k: int) -> None:
                 out, pulled = stage.forward(inputs[k], 0)
                 fl = [o for o in out if o.is_floating_point() and o.requires_grad]
                 if fl:
                     torch.autograd.backward(fl, [torch.ones_like(o) for o in fl])
                 stage.push(pulled, 0)
-                return out
+                outs[k] = out
 
-            for k in range(distinct):  # warm-up, and the next segment's inputs
-                states[k] = [o.detach() for o in once(k)]
-            _sync(device)
-            runs_s = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for r in range(runs):
-                    once(r % distinct)
-                _sync(device)
-                runs_s.append((time.perf_counter() - t0) / runs)
+            per_pass = time_passes(once, device, distinct, runs, repeats)  # the one profiler's statistic
+            states = [[o.detach() for o in out] for out in outs]
             for layer in range(a, b):
-                times[layer] = statistics.median(runs_s) / micro_batch / (b - a)
+                times[layer] = per_pass / micro_batch / (b - a)
         times[0] += t_data
     return tuple(max(t, 1e-12) for t in times)
 

@@ -1,12 +1,15 @@
 """Layer profiles: per-layer time, activation and parameter bytes, measured on this host.
 
-`profile_model` walks a `ChainModel`'s layers, times forward+backward of each layer on a
-real batch on the CPU (minimum of a few repeats after a warm-up), and records the bytes
-of the tensors a cut after the layer would send, the parameter bytes (embedding tables
-count as sparse, at their declared size) and the layer kind. Where CUDA is available it
-also times every layer on the GPU (`measure_on_cuda`: CUDA events, warm-up runs, median
-of the timed runs) and stores those times beside the CPU ones under
-``devices: {"cuda: <GPU name>": [seconds per sample, ...]}``.
+This is hetrain's one profiler. `time_passes` is its one statistic: forward+backward
+passes over a few fresh micro-batches, back to back, one device synchronisation per
+timing, the median of repeated timings. `profile_model` applies it to every layer of a
+`ChainModel` on the CPU (and on the GPU where CUDA is available, stored beside the CPU
+times under ``devices: {"cuda: <GPU name>": [seconds per sample, ...]}``), and records
+the bytes of the tensors a cut after the layer would send, the parameter bytes
+(embedding tables count as sparse, at their declared size) and the layer kind. The
+HeterPS runtime's profile (`pipeline.hostprofile`) applies the same `time_passes` to
+the runtime's stage code. Both the HeterPS planner and the whole-job planner
+(`plan.job`) read the resulting `ModelProfile`.
 
 Times on the catalogue's resource types come from the catalogue's speed table per layer
 kind, or from measured per-type times stored in the profile (``measured: {type name:
@@ -20,6 +23,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -157,41 +161,76 @@ def _param_bytes(module) -> tuple[float, float]:
     return dense, sparse
 
 
-def measure_on_cuda(model, batch: int = 32, repeats: int = 10, warmup: int = 3, seed: int = 0,
-                    device=None) -> tuple[float, ...]:
-    """Forward+backward seconds per sample of every layer of a ChainModel on a GPU: CUDA
-    events around each run (the GPU's own clock, no host timing of asynchronous
-    kernels), `warmup` untimed runs per layer (kernel selection, allocator), then the
-    median of `repeats` timed runs. Runs on a copy of the model."""
+def time_passes(once: Callable[[int], object], device, distinct: int, runs: int, repeats: int) -> float:
+    """Seconds per pass of `once(k)` (one forward+backward on fresh micro-batch k), the one
+    statistic every profile in hetrain uses: a warm-up pass over each of the `distinct`
+    micro-batches (kernel selection, allocator), then `repeats` timings of `runs` passes
+    back to back over those micro-batches (fresh rows and activations, not one
+    cache-hot batch) with one device synchronisation at the end (a pipeline runs
+    passes back to back; a synchronisation per pass would charge a GPU with the launch
+    latency it hides in a run); the median of the repeats (robust on a shared host)."""
+    import statistics
+
+    for k in range(distinct):
+        once(k)
+    _sync(device)
+    per_pass = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        for r in range(max(1, runs)):
+            once(r % distinct)
+        _sync(device)
+        per_pass.append((time.perf_counter() - t0) / max(1, runs))
+    return statistics.median(per_pass)
+
+
+def _sync(device) -> None:
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def layer_times(model, device="cpu", batch: int = 32, repeats: int = 5, runs: int = 4, distinct: int = 4,
+                seed: int = 0, progress: bool = False, name: str = "model"):
+    """Per-layer forward+backward seconds per sample of a ChainModel on `device`
+    (`time_passes` on `distinct` fresh micro-batches of `batch` samples), with the
+    bytes per sample of each layer's outputs (what a cut after it sends). Runs on a copy
+    of the model when `device` is not the CPU. Returns (times, act_bytes)."""
     import copy
 
     import torch
 
-    device = torch.device(device or "cuda")
+    device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
-    gpu_model = copy.deepcopy(model).to(device).train()
-    state = tuple(t.to(device) for t in gpu_model.example_inputs(batch, generator=g))
-    times = []
-    for _lname, layer, _kind in gpu_model.layer_list():
-        inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in state)
-        runs = []
-        for rep in range(warmup + repeats):
+    run_model = model if device.type == "cpu" else copy.deepcopy(model).to(device)
+    run_model.train()
+    states = [tuple(t.to(device) for t in run_model.example_inputs(batch, generator=g)) for _ in range(distinct)]
+    items = run_model.layer_list()
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc=f"profile {name} on {device}", leave=False)
+    times, acts = [], []
+    for _lname, layer, _kind in items:
+        inputs = [tuple(t.detach().requires_grad_(t.is_floating_point()) for t in st) for st in states]
+        outs: list = [None] * distinct
+
+        def once(k: int, layer=layer, inputs=inputs, outs=outs):
             layer.zero_grad(set_to_none=True)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = layer(*inputs)
+            out = layer(*inputs[k])
             fl = [o for o in out if o.is_floating_point() and o.requires_grad]
             if fl:
                 torch.autograd.backward(fl, [torch.ones_like(o) for o in fl])
-            end.record()
-            end.synchronize()
-            if rep >= warmup:
-                runs.append(start.elapsed_time(end) / 1e3)
-        times.append(max(float(np.median(runs)) / batch, 1e-12))
-        state = tuple(o.detach() for o in out)
-    del gpu_model
-    torch.cuda.empty_cache()
-    return tuple(times)
+            outs[k] = out
+
+        times.append(max(time_passes(once, device, distinct, runs, repeats) / batch, 1e-12))
+        states = [tuple(o.detach() for o in out) for out in outs]
+        acts.append(_nbytes(states[0]) / batch)
+    if device.type == "cuda":
+        del run_model
+        torch.cuda.empty_cache()
+    return tuple(times), tuple(acts)
 
 
 def cuda_device_key(device=None) -> str:
@@ -202,47 +241,24 @@ def cuda_device_key(device=None) -> str:
 
 def profile_model(model, name: str = "model", batch: int = 32, repeats: int = 5, seed: int = 0,
                   progress: bool = False, cuda: bool | None = None) -> ModelProfile:
-    """Measure every layer of a ChainModel on this host (CPU): fwd+bwd time per sample
-    (the minimum over ``repeats`` timed runs after one warm-up run of the layer); and on
-    the GPU where CUDA is available (`cuda=None`; True/False forces it), stored under
-    ``devices`` (see `measure_on_cuda`)."""
+    """Measure every layer of a ChainModel on this host: forward+backward seconds per
+    sample on the CPU (`layer_times`: median of `repeats` timings over fresh
+    micro-batches), the bytes a cut after each layer sends and each layer's parameter
+    bytes; and, with the same statistic, on the GPU where CUDA is available
+    (`cuda=None`; True/False forces it), stored under ``devices``."""
     import torch
 
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    state = model.example_inputs(batch, generator=g)
-    out = model(*state)  # warm-up: first calls allocate and pick kernels
-    (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+    times, acts = layer_times(model, "cpu", batch=batch, repeats=repeats, seed=seed, progress=progress, name=name)
     layers = []
-    items = model.layer_list()
-    it = items
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(items, desc=f"profile {name}", leave=False)
-    for lname, layer, kind in it:
-        inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in state)
-        times = []
-        for rep in range(repeats + 1):
-            layer.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            out = layer(*inputs)
-            fl = [o for o in out if o.is_floating_point() and o.requires_grad]
-            if fl:
-                torch.autograd.backward(fl, [torch.ones_like(o) for o in fl])
-            times.append(time.perf_counter() - t0)
-        t = float(np.min(times[1:])) / batch  # min: the host is shared, noise only adds time
-        outs = tuple(o.detach() for o in out)
-        act = _nbytes(outs) / batch
+    for (lname, layer, kind), t, act in zip(model.layer_list(), times, acts):
         dense, sparse = _param_bytes(layer)
         layers.append(LayerProfile(name=lname, kind=kind, time_s=max(t, 1e-9), act_bytes=act,
-                                   stored_act_bytes=act, dense_param_bytes=dense,
-                                   sparse_param_bytes=sparse))
-        state = outs
+                                   stored_act_bytes=act, dense_param_bytes=dense, sparse_param_bytes=sparse))
     host = " ".join(x for x in (platform.machine(), platform.processor(), f"torch{torch.__version__}",
                                 f"threads={torch.get_num_threads()}") if x)
     devices = {}
     if cuda or (cuda is None and torch.cuda.is_available()):
-        devices[cuda_device_key()] = measure_on_cuda(model, batch=batch, repeats=max(repeats, 10), seed=seed)
+        devices[cuda_device_key()] = layer_times(model, "cuda", batch=batch, repeats=max(repeats, 10), seed=seed)[0]
     return ModelProfile(model=name, host=host.strip(), batch=batch, layers=tuple(layers), devices=devices)
 
 

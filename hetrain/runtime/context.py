@@ -44,7 +44,14 @@ class Context:
     # two groups so that reduces issued during backward never queue behind a broadcast
     # that waits for its sum from the servers
     local_groups: tuple | None = None
+    # the same pair over gloo, for host tensors (the pair above is NCCL-only where the machine's
+    # workers are GPUs of their own); the same groups as `local_groups` where those are gloo
+    local_host_groups: tuple | None = None
     local_ranks: tuple[int, ...] = ()
+    # gloo over every rank, for host collectives (step header, manifests, lane 0, the last
+    # barrier) where the default group cannot carry CPU tensors (a torchrun script that called
+    # init_process_group("nccl") itself); None: the default group is gloo
+    host_group: object = None
     heartbeat: Heartbeat | None = None
 
     def pace(self, peer: int, nbytes: int) -> None:
@@ -53,8 +60,8 @@ class Context:
             self.bucket.consume(nbytes)
 
     def lane(self, index: int):
-        """The process group carrying lane `index` (0 = the default group)."""
-        return None if index == 0 or not self.lanes else self.lanes[index - 1]
+        """The process group carrying lane `index` (0 = the host group: the default one)."""
+        return self.host_group if index == 0 or not self.lanes else self.lanes[index - 1]
 
     @property
     def rank(self) -> int:
@@ -216,23 +223,27 @@ def init() -> Context:
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=env.rank,
                                 world_size=env.world_size, timeout=timedelta(seconds=timeout))
     wait = timedelta(seconds=timeout)
-    # every rank creates every group, in the same order (torch.distributed requires it)
-    worker_group = dist.new_group(topo.worker_ranks, timeout=wait)
+    # every rank creates every group, in the same order (torch.distributed requires it); host
+    # groups name gloo, never the default backend (a script's own NCCL default group)
+    host_group = None if _default_carries_host_tensors() else dist.new_group(timeout=wait, backend="gloo")
+    worker_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="gloo")
     nccl_group = None
     if backends.worker == "nccl":
         nccl_group = dist.new_group(topo.worker_ranks, timeout=wait, backend="nccl")
-    local_groups, local_ranks = None, ()
+    local_groups, local_host_groups, local_ranks = None, None, ()
     for ranks in topo.worker_machines:
         if len(ranks) < 2:
             continue
         backend = backends.local[topo.proc(ranks[0]).machine.name]
         pair = tuple(dist.new_group(ranks, timeout=wait, backend=backend) for _ in range(2))
+        host = pair if backend == "gloo" else tuple(dist.new_group(ranks, timeout=wait, backend="gloo")
+                                                    for _ in range(2))
         if env.rank in ranks:
-            local_groups, local_ranks = pair, tuple(ranks)
+            local_groups, local_host_groups, local_ranks = pair, host, tuple(ranks)
     lanes = []
     if topo.servers:
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
-        lanes = [dist.new_group(list(range(env.world_size)), timeout=wait) for _ in range(extra)]
+        lanes = [dist.new_group(list(range(env.world_size)), timeout=wait, backend="gloo") for _ in range(extra)]
     if env.origin == "hetrain":
         store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for
@@ -240,9 +251,17 @@ def init() -> Context:
     _CTX = Context(env, cluster, topo, store, worker_group, lanes=lanes,
                    bucket=bucket_for(me.machine.name, me.machine.bandwidth), machine_name=me.machine.name,
                    device=device, backends=backends, nccl_group=nccl_group, local_groups=local_groups,
+                   local_host_groups=local_host_groups, host_group=host_group,
                    local_ranks=local_ranks, heartbeat=heartbeat)
     _no_goodbye_after_a_crash(_CTX)
     return _CTX
+
+
+def _default_carries_host_tensors() -> bool:
+    """Whether the default process group runs collectives on CPU tensors (gloo), as the one
+    hetrain makes does; a torchrun script's own `init_process_group("nccl")` does not."""
+    backend = str(dist.get_backend()).lower()
+    return backend == "gloo" or "cpu:gloo" in backend
 
 
 def _no_goodbye_after_a_crash(ctx: Context) -> None:
@@ -291,7 +310,7 @@ def teardown(ctx: "Context | None") -> None:
     if ctx is None or not ctx.distributed or not dist.is_initialized() or ctx.failed:
         return
     try:
-        dist.barrier()
+        dist.barrier(group=ctx.host_group)
     except RuntimeError as err:
         raise ctx.peer_error("leaving the job", [], err) from None
     dist.destroy_process_group()

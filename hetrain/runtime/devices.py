@@ -140,7 +140,8 @@ def bind(proc: Proc, describe: str) -> torch.device:
 
 def nccl_environment() -> None:
     """NCCL defaults that turn a lost peer into an exception instead of a hang or an abort:
-    a blocking wait() that raises after the group's timeout, and a watchdog that cleans up
-    the communicator without killing the process (the launcher names the lost rank)."""
-    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    a watchdog that, after the group's timeout, aborts the communicator without killing the
+    process (the launcher names the lost rank). Waits stay stream waits: hetrain orders its
+    copies after collectives by streams and events (comm/cuda.py), so it does not force
+    TORCH_NCCL_BLOCKING_WAIT, which would make every wait() block the host."""
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")

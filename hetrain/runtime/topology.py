@@ -14,7 +14,7 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec, MachineSpec
 from ..errors import UserError
-from ..perf.comm import byteps_split, optimal_split
+from ..perf.comm import byteps_shares, optimal_split
 
 Mode = Literal["byteps", "ps", "colocated", "allreduce"]
 MODES: tuple[str, ...] = ("byteps", "ps", "colocated", "allreduce")
@@ -112,13 +112,7 @@ def server_shares(cluster: ClusterSpec, mode: str) -> tuple[np.ndarray, np.ndarr
         return split.gpu_bytes, np.zeros(k)
     if mode != "byteps":
         raise UserError(f"unknown communication mode {mode!r}; choose one of {', '.join(MODES)}")
-    if np.allclose(wbw, wbw[0]) and (k == 0 or np.allclose(cbw, wbw[0])):
-        m_cpu, m_gpu = byteps_split(n, k)
-        if k > n:
-            return np.zeros(n), np.full(k, 1.0 / k)
-        return np.full(n, m_gpu), np.full(k, m_cpu)
-    split = optimal_split(1.0, wbw, cbw)
-    return split.gpu_bytes, split.cpu_bytes
+    return byteps_shares(wbw, cbw)  # the one rule, shared with the cost model (perf/comm.py)
 
 
 def build_topology(cluster: ClusterSpec, mode: str = "byteps") -> Topology:

@@ -9,7 +9,8 @@ per-sample part; a CPU the other way round). Every worker therefore fits its own
 
     t(b) = fixed + per_sample · b
 
-online from its recent steps (`StepTimeModel`), all-gathers the two numbers as float64
+online from its recent steps (`StepTimeModel` in `hetrain.perf.steptime`, the one
+step-time model the planner shares), all-gathers the two numbers as float64
 over the worker group, and every worker runs the same exact solver (`solve_shares`) on
 the same numbers, so all agree on the shares without a coordinator. The global batch
 never changes, and push_pull weights each gradient by its batch size, so the update is
@@ -21,8 +22,6 @@ file's `memory` overrides the measurement.
 """
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -31,12 +30,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..perf.steptime import StepTimeModel, predicted_times, solve_shares
+from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
-
-
-class BatchDoesNotFitError(UserError):
-    """The global batch needs more memory than the workers have together."""
 
 
 class DeviceMemoryTooSmallError(UserError):
@@ -71,190 +68,9 @@ class BalanceConfig:
             raise UserError("min_samples must be >= 0")
 
 
-# ---- the step-time model ----------------------------------------------------------------
-
-class StepTimeModel:
-    """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
-
-    - The shape (the ratio of fixed to per-sample time) comes from a Theil–Sen
-      regression (median of pairwise slopes, `scipy.stats.theilslopes`) over the last
-      `window` steps, which tolerates up to ~29% outliers. It is refitted only when the
-      window's batch sizes are spread enough to identify a slope (max − min ≥ max(2, 20%
-      of the median)); otherwise the last identified line is held (balanced shares
-      settle, so the window soon holds one batch size only). Before any identification
-      the fixed part is 0 (a proportional model). A slope ≤ 0 (time flat in the batch,
-      e.g. a GPU far from busy) is read as 90% fixed time.
-    - The level follows the last `recent` steps: both parts are scaled by the median of
-      measured / predicted time over them. So the model always passes through the
-      current operating point (shares that equalise predicted times equalise measured
-      ones, whatever error the shape has), one disturbed step does not move it, and a
-      slowdown or speed-up (interference stretches the whole step) is followed within
-      `recent`/2 + 1 steps without the overshoot a held fixed part would cause.
-    """
-
-    def __init__(self, window: int = 16, recent: int = 5, min_spread: float = 0.2):
-        self.obs: deque[tuple[int, float]] = deque(maxlen=window)
-        self.recent = recent
-        self.min_spread = min_spread
-        self.line: tuple[float, float] | None = None  # last identified (fixed s, per-sample s)
-        self.how = "none"  # none | proportional | regression | held
-
-    def add(self, samples: int, seconds: float) -> None:
-        if samples > 0 and np.isfinite(seconds) and seconds > 0:
-            self.obs.append((int(samples), float(seconds)))
-
-    def _identifiable(self, b: np.ndarray) -> bool:
-        return len(b) >= 3 and (b.max() - b.min()) >= max(2.0, self.min_spread * float(np.median(b)))
-
-    def fit(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per sample); (nan, nan) before any observation."""
-        if not self.obs:
-            self.how = "none"
-            return float("nan"), float("nan")
-        b = np.array([o[0] for o in self.obs], dtype=float)
-        t = np.array([o[1] for o in self.obs], dtype=float)
-        if self._identifiable(b):
-            from scipy.stats import theilslopes
-
-            slope, intercept = theilslopes(t, b)[:2]
-            med_t, med_b = float(np.median(t)), float(np.median(b))
-            if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
-                self.line = (max(0.0, float(intercept)), float(slope))
-            elif np.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
-                self.line = (0.9 * med_t, 0.1 * med_t / med_b)
-            self.how = "regression"
-        else:
-            self.how = "held" if self.line is not None else "proportional"
-        rb, rt = b[-self.recent:], t[-self.recent:]
-        fixed, per = self.line if self.line is not None else (0.0, float(np.median(rt / rb)))
-        pred = fixed + per * rb
-        scale = float(np.median(rt / np.where(pred > 0, pred, np.inf))) if np.all(pred > 0) else 1.0
-        if not (np.isfinite(scale) and scale > 0):
-            scale = 1.0
-        return fixed * scale, max(per * scale, 1e-12)
-
-
-# ---- the share solver ---------------------------------------------------------------------
-
 def memory_caps(memory, cfg: BalanceConfig, limit: int) -> np.ndarray:
-    """Most samples each worker's free memory holds, never more than `limit` (the global
-    batch: no worker can use more), so an uncapped worker (no per-sample memory given, or
-    unlimited memory) gets `limit` rather than a float infinity cast to int64."""
-    mem = np.asarray(memory, dtype=float)
-    if cfg.memory_per_sample <= 0:
-        return np.full(len(mem), int(limit), dtype=np.int64)
-    free = np.maximum(0.0, mem - cfg.reserved_bytes)
-    caps = np.where(np.isfinite(free), np.floor(free / cfg.memory_per_sample), float(limit))
-    return np.minimum(caps, float(limit)).astype(np.int64)
-
-
-def _check_fits(global_batch: int, caps: np.ndarray, labels, memory_per_sample: float) -> None:
-    if int(caps.sum()) >= global_batch:
-        return
-    labels = labels or [f"worker {i}" for i in range(len(caps))]
-    short = global_batch - int(caps.sum())
-    per = ", ".join(f"{lab}: {int(c)}" for lab, c in zip(labels, caps))
-    extra = f" ({short * memory_per_sample / 2**20:.1f} MiB)" if memory_per_sample > 0 else ""
-    raise BatchDoesNotFitError(
-        f"the global batch of {global_batch} samples does not fit in the cluster's memory: the workers hold "
-        f"at most {int(caps.sum())} samples together ({per}); short by {short} samples{extra}. "
-        "Lower the global batch, add workers or memory, or reduce the memory each sample needs.")
-
-
-def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
-                 memory_per_sample: float = 0.0) -> np.ndarray:
-    """Integer shares adding up to `global_batch` that minimise the largest predicted
-    step time max_i (fixed_i + per_sample_i · b_i), with min(min_samples, cap_i) ≤ b_i ≤ cap_i.
-
-    Exact, not a heuristic: with increasing linear times the optimum is reached by
-    handing out samples one at a time, each to the worker that would finish soonest
-    with it (the classic greedy for min-max separable resource allocation, which picks
-    the `global_batch` smallest "finish time of one more sample" values). To keep it
-    O(n log n) rather than O(global batch), the continuous water level is found first
-    (bisection on the level T where Σ clip((T − fixed_i)/per_sample_i) = global batch);
-    flooring at that level is exactly the state the greedy reaches after its first
-    picks, and the last < n + 1 samples are handed out greedily (ties: lower rank).
-    Hand-written because it runs every step in microseconds; a MILP (HiGHS) gives the
-    same optimum (checked by the tests) at far higher cost. Deterministic in its inputs.
-
-    Result: every worker below its cap is predicted to finish within one of its own
-    per-sample times of the slowest worker that was given samples by the solver.
-    """
-    fixed = np.asarray(fixed, dtype=float)
-    per = np.asarray(per_sample, dtype=float)
-    n = len(fixed)
-    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    _check_fits(global_batch, caps, labels, memory_per_sample)
-    lo = np.minimum(caps, min_samples if global_batch >= min_samples * n else 0).astype(np.int64)
-    fixed = np.where(np.isfinite(fixed) & (fixed > 0), fixed, 0.0)
-    good = np.isfinite(per) & (per > 0)
-    per = np.where(good, per, float(np.mean(per[good])) if good.any() else 1.0)
-    per = np.maximum(per, 1e-15)
-    need = int(global_batch) - int(lo.sum())
-    if need <= 0:
-        return _trim(lo, global_batch, fixed, per)
-
-    def count(level: float) -> np.ndarray:
-        return np.clip(np.floor((level - fixed) / per), lo, caps)
-
-    low = float(np.min(fixed + per * lo))
-    high = float(np.max(fixed + per * caps)) + 1.0
-    for _ in range(200):  # float bisection; the greedy below makes the result exact anyway
-        mid = 0.5 * (low + high)
-        if count(mid).sum() < global_batch:
-            low = mid
-        else:
-            high = mid
-        if high - low <= 1e-12 * max(1.0, abs(high)):
-            break
-    sizes = count(low).astype(np.int64)  # Σ < global batch: all picks of value ≤ low
-    heap = [(fixed[i] + per[i] * (sizes[i] + 1), i) for i in range(n) if sizes[i] < caps[i]]
-    heapq.heapify(heap)
-    for _ in range(int(global_batch - sizes.sum())):
-        _t, i = heapq.heappop(heap)
-        sizes[i] += 1
-        if sizes[i] < caps[i]:
-            heapq.heappush(heap, (fixed[i] + per[i] * (sizes[i] + 1), i))
-    return sizes
-
-
-def _trim(lo: np.ndarray, global_batch: int, fixed, per) -> np.ndarray:
-    """More forced minimum samples than the batch (only when caps force it): take back
-    from the workers predicted to finish last."""
-    sizes = lo.copy()
-    while sizes.sum() > global_batch:
-        t = np.where(sizes > 0, fixed + per * sizes, -np.inf)
-        sizes[int(np.argmax(t))] -= 1
-    return sizes
-
-
-def balanced_sizes(global_batch: int, speeds, caps, min_samples: int = 1, labels=None,
-                   memory_per_sample: float = 0.0) -> np.ndarray:
-    """Shares proportional to `speeds` (samples/s): `solve_shares` with no fixed part."""
-    speeds = np.asarray(speeds, dtype=float)
-    per = np.where(np.isfinite(speeds) & (speeds > 0), 1.0 / np.where(speeds > 0, speeds, 1.0), np.nan)
-    return solve_shares(global_batch, np.zeros(len(speeds)), per, caps, min_samples, labels, memory_per_sample)
-
-
-def predicted_times(sizes, fixed, per_sample) -> np.ndarray:
-    return np.asarray(fixed, dtype=float) + np.asarray(per_sample, dtype=float) * np.asarray(sizes, dtype=float)
-
-
-def spread(times, samples=None) -> float:
-    """max / min of per-worker compute times over the workers that had samples (1 = together)."""
-    t = np.asarray(times, dtype=float)
-    if samples is not None:
-        t = t[np.asarray(samples) > 0]
-    t = t[np.isfinite(t) & (t > 0)]
-    return float(t.max() / t.min()) if len(t) else float("nan")
-
-
-def median_spread(spreads, skip: int) -> float:
-    """Median of per-step spreads after the first `skip` steps (all of them if there are
-    no more), ignoring steps where no spread could be measured."""
-    s = np.asarray(list(spreads)[skip:] if len(spreads) > skip else list(spreads), dtype=float)
-    s = s[np.isfinite(s)]
-    return float(np.median(s)) if len(s) else float("nan")
+    """`hetrain.perf.steptime.memory_caps` with the per-sample and reserved bytes of `cfg`."""
+    return _memory_caps(memory, cfg.memory_per_sample, cfg.reserved_bytes, limit)
 
 
 # ---- the per-job balancer ---------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`hetrain report RUN_DIR`: PNG plots of a run's per-rank shares, step-time split and
-bytes, from the `steps.jsonl` the training loop's StepLogger writes."""
+bytes, from the `steps.jsonl` the training loop's StepLogger writes; for a job run from a
+plan (`hetrain launch --plan`), its predicted against measured step time and memory."""
 from __future__ import annotations
 
 import json
@@ -88,7 +89,47 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> list[Path
     written.append(out / "bytes.png")
     fig.savefig(written[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)
+    check = _prediction(run_dir)
+    if check is not None:
+        written.append(prediction_png(check, out / "prediction.png"))
     return written
+
+
+def _prediction(run_dir: Path) -> dict | None:
+    """The plan's prediction against the run, when the job ran from a plan (summary.json)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("prediction")
+    except json.JSONDecodeError:
+        raise UserError(f"{path} is not valid JSON; re-run the job or remove the file") from None
+
+
+def prediction_png(check: dict, path: Path) -> Path:
+    """Measured step time per step against the plan's prediction, and memory per worker."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = np.array(check["measured_steps_s"]) * 1e3
+    a.plot(np.arange(1, len(steps) + 1), steps, ".-", label="measured")
+    a.axhline(check["predicted_step_s"] * 1e3, color="k", ls="--", label="predicted")
+    a.axhline(check["measured_step_s"] * 1e3, color="C1", ls=":", label="measured (median)")
+    err = check.get("step_error")
+    a.set(xlabel="step", ylabel="ms per step", title=f"step time, {check.get('candidate', '')}"
+          + (f" ({err:+.1%})" if err is not None else ""))
+    a.legend(fontsize="small")
+    labels = list(check["measured_memory"])
+    x = np.arange(len(labels))
+    b.bar(x - 0.2, [check["predicted_memory"].get(k, 0) / 2**20 for k in labels], 0.4, label="predicted")
+    b.bar(x + 0.2, [check["measured_memory"][k] / 2**20 for k in labels], 0.4, label="measured")
+    b.set_xticks(x, labels)
+    b.set(ylabel="MiB (model state + activations)", title="memory per worker")
+    b.legend(fontsize="small")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def _cmd_report(args) -> int:
@@ -101,7 +142,9 @@ def _cmd_report(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("report", help="draw a run's shares, step-time split and bytes as PNG plots",
                        description="Read RUN_DIR/steps.jsonl (written while training) and draw shares.png, "
-                                   "time_split.png and bytes.png into RUN_DIR/report (or --out).")
+                                   "time_split.png and bytes.png into RUN_DIR/report (or --out); for a job "
+                                   "run from a plan, prediction.png: predicted against measured step time "
+                                   "and memory.")
     p.add_argument("run_dir", help="the job's --run-dir")
     p.add_argument("--out", help="folder for the PNGs (default RUN_DIR/report)")
     p.set_defaults(func=_cmd_report)

@@ -40,8 +40,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import UserError
+from ..perf.steptime import median_spread, spread
 from ..runtime.memory import memory_limit, synchronize
-from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample, median_spread, spread,
+from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample,
                       worker_gather)
 from .sampler import GlobalBatchSampler
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .balance import median_spread, spread
+from ..perf.steptime import median_spread, spread
 
 ROW = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
 

@@ -1,18 +1,24 @@
 """End-of-run summary: every worker's time split and bytes, gathered to rank 0 as a
-float tensor (no pickling), printed as a table and written as JSON."""
+float tensor (no pickling), printed as a table and written as JSON; for a job started
+from a plan (`hetrain launch --plan`), the plan's predicted step time and memory per
+worker beside the measured ones (`prediction_check`), also in TensorBoard."""
 from __future__ import annotations
 
 import json
+import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "bytes")
+FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "bytes", "step_s", "memory")
+OPTIONAL = ("step_s", "memory")  # median step time, measured memory (0 where a script does not measure them)
 
 
 def gather_stats(ctx, mine: dict[str, float]) -> list[dict[str, float]]:
-    t = torch.tensor([float(mine[f]) for f in FIELDS], dtype=torch.float64)
+    t = torch.tensor([float(mine.get(f, 0.0) if f in OPTIONAL else mine[f]) for f in FIELDS], dtype=torch.float64)
     if not ctx.distributed:
         return [mine]
     out = [torch.zeros_like(t) for _ in range(ctx.num_workers)]
@@ -40,3 +46,118 @@ def write_summary(run_dir: str, summary: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2))
     return path
+
+
+# ---- prediction against the run -------------------------------------------------------------
+
+PLAN_ENV = "HETRAIN_PLAN"  # set by `hetrain launch --plan/--auto`: the plan file the job runs
+SKIP_STEPS = 3  # first steps left out of the measured step time (warm-up, shares settling)
+
+
+def planned() -> dict | None:
+    """The prediction of the plan this job runs (`hetrain launch --plan`), or None."""
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return None
+    data = json.loads(Path(path).read_text())
+    return {"candidate": data.get("ranking", [{}])[0].get("candidate", ""), **data["predicted"]}
+
+
+class StepClock:
+    """Wall time of every training step (from one optimizer step to the next)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+    def median(self, skip: int = SKIP_STEPS) -> float:
+        t = self.times[skip:] if len(self.times) > skip else self.times
+        return statistics.median(t) if t else float("nan")
+
+
+class ActivationMeter:
+    """Bytes autograd keeps for backward during a step (saved-tensor hooks), the largest
+    seen: the activation part of a worker's memory, measured the same way on any device."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.per_sample = 0.0  # largest bytes per sample of a step (set through `of(samples)`)
+        self._now = 0
+        self._samples = 0
+
+    def of(self, samples: int) -> "ActivationMeter":
+        """Meter the next step, of `samples` samples."""
+        self._samples = samples
+        return self
+
+    def __enter__(self):
+        self._now = 0
+
+        def pack(t):
+            self._now += t.numel() * t.element_size()
+            return t
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self.peak = max(self.peak, self._now)
+        if self._samples > 0:
+            self.per_sample = max(self.per_sample, self._now / self._samples)
+
+
+def state_bytes(model, optimizer) -> int:
+    """Bytes of parameters, their gradients and the optimizer's state tensors."""
+    params = list(model.parameters())
+    total = sum(p.numel() * p.element_size() for p in params)
+    total += sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    opt = getattr(optimizer, "optimizer", optimizer)  # hetrain's DistributedOptimizer wraps one
+    for st in opt.state.values():
+        total += sum(v.numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
+    return int(total)
+
+
+PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profiling round: stop after N steps
+
+
+def profile_steps() -> int:
+    """Steps a profiling round runs (0: no limit, train as asked)."""
+    return int(os.environ.get(PROFILE_STEPS_ENV, "0") or 0)
+
+
+def model_facts(model, acts: ActivationMeter) -> dict:
+    """What a planner needs of the model, measured in the run: gradient bytes (fp32) and
+    activation bytes kept for backward per sample."""
+    return {"grad_bytes": float(sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)),
+            "act_bytes_per_sample": float(acts.per_sample)}
+
+
+def prediction_check(plan: dict, measured_step_s: float, memory: dict[str, float],
+                     step_times: list[float]) -> dict:
+    """Predicted against measured step time and memory per worker, with the relative errors."""
+    pred_mem = plan.get("memory", {})
+    return {"candidate": plan.get("candidate", ""), "predicted_step_s": plan["step_s"],
+            "measured_step_s": measured_step_s,
+            "step_error": measured_step_s / plan["step_s"] - 1.0 if plan["step_s"] > 0 else None,
+            "predicted_memory": pred_mem, "measured_memory": memory,
+            "memory_error": {k: memory[k] / pred_mem[k] - 1.0 for k in memory if pred_mem.get(k)},
+            "measured_steps_s": step_times}
+
+
+def log_prediction(writer, check: dict) -> None:
+    """The comparison as TensorBoard scalars (per step, and per worker for memory)."""
+    for i, t in enumerate(check["measured_steps_s"]):
+        writer.add_scalar("plan/measured_step_s", t, i)
+        writer.add_scalar("plan/predicted_step_s", check["predicted_step_s"], i)
+    for k, v in check["measured_memory"].items():
+        writer.add_scalar(f"plan/measured_memory_mb/{k}", v / 1e6, 0)
+        if k in check["predicted_memory"]:
+            writer.add_scalar(f"plan/predicted_memory_mb/{k}", check["predicted_memory"][k] / 1e6, 0)

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetrain.train.balance import BalanceConfig, BatchDoesNotFitError, balanced_sizes, memory_caps
+from hetrain.perf.steptime import BatchDoesNotFitError, balanced_sizes
+from hetrain.train.balance import BalanceConfig, memory_caps
 from hetrain.train.sampler import GlobalBatchSampler
 
 BIG = 10**9

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hetrain.train.balance import (BalanceConfig, Balancer, BatchDoesNotFitError, DeviceMemoryTooSmallError,
-                                   StepTimeModel, memory_caps, predicted_times, solve_shares, spread)
+from hetrain.perf.steptime import BatchDoesNotFitError, StepTimeModel, predicted_times, solve_shares, spread
+from hetrain.train.balance import BalanceConfig, Balancer, DeviceMemoryTooSmallError, memory_caps
 
 
 def _milp_optimum(g, fixed, per, lo, caps) -> float:

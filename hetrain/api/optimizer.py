@@ -1,0 +1,364 @@
+"""DistributedOptimizer: the wrapped optimizer whose step() first averages gradients
+over the workers (Horovod's `optimizer`).
+
+`DistributedOptimizer(opt)` returns an object of a class made for `type(opt)`, a subclass
+of both DistributedOptimizer and `type(opt)` (Horovod does the same), so it *is* an
+`torch.optim.SGD` (or Adam...) for isinstance checks, LR schedulers and checkpoint code,
+while step(), zero_grad(), state_dict() and the parameter groups are the wrapped
+optimizer's, reached through the wrapper."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from ..comm.engine import check_tensors
+from ..errors import UserError
+from . import uneven as _join
+from .adasum import adasum_allreduce
+from .amp import scaled_step
+from .basics import engine
+from .compression import _codec_name
+from .ops import _drain
+from .reduce_op import ReduceOp, resolve
+
+_CLASSES: dict[type, type] = {}  # wrapped optimizer class -> its DistributedOptimizer class
+
+
+def _class_for(inner: type) -> type:
+    """The DistributedOptimizer class for optimizers of class `inner` (made once)."""
+    cls = _CLASSES.get(inner)
+    if cls is None:
+        cls = type(inner.__name__, (DistributedOptimizer, inner),
+                   {"__module__": DistributedOptimizer.__module__, "__qualname__": inner.__qualname__,
+                    "__doc__": DistributedOptimizer.__doc__})
+        _CLASSES[inner] = cls
+    return cls
+
+
+def _check_groups(groups, num_groups, named) -> None:
+    """Horovod's `groups=`/`num_groups=` say which gradients to fuse into one all-reduce.
+    hetrain's engine already moves all gradients of a step as one flat layout cut into
+    partitions, so the grouping changes nothing it does; it is checked, not applied."""
+    if num_groups and (isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0):
+        raise UserError(f"num_groups={num_groups!r} must be a non-negative integer")
+    if groups is None:
+        return
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise UserError(f"groups={groups} must be >= 0")
+        return
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in groups):
+        raise UserError("groups= takes a number of groups or a list of lists of parameters")
+    known = {id(p) for _, p in named}
+    for g in groups:
+        for p in g:
+            if id(p) not in known:
+                raise UserError("groups= names a parameter that this optimizer does not train")
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
+    each worker's batch size (`set_batch_size`, default 1 = equal weights).
+
+    With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
+    pushed as soon as backward has accumulated it, while backward goes on with the
+    layers before it; `step()` then only waits for what is still in flight. Call
+    `zero_grad()` once per step (it arms the hooks), then `set_batch_size` before
+    `backward()` (it exchanges the step header, so the hooks only send).
+
+    On a GPU worker (model on `hetrain.device()`) the hooks only record an event and
+    queue a copy to pinned host memory (no host sync inside backward); `step()` makes the
+    compute stream wait for the results.
+
+    `backward_passes_per_step=N` (Horovod's meaning): N backward passes accumulate
+    their gradients locally and the exchange happens on the N-th (with overlap, from
+    the N-th pass's hooks); call `step()` after every N backwards. Gradients are summed
+    over the passes, as in plain PyTorch: scale each loss by 1/N for the mean over the
+    N micro-batches. `compression` (Horovod's `Compression.none/fp16` or hetrain's
+    `Compression.int8/int4/auto`) must name the codec the job runs (`--codec`), since
+    the summation servers decode with it; another one raises a UserError.
+    To change gradients between the exchange and the update (clipping), as in Horovod:
+    `opt.synchronize()`, clip, then `with opt.skip_synchronize(): opt.step()` (a step()
+    after synchronize() never exchanges a second time).
+
+    Horovod's options: `op=hetrain.Average` (default), `hetrain.Sum` (the sum of the
+    workers' gradients) or `hetrain.Adasum` (each worker steps the wrapped optimizer on
+    its own gradients and the workers' parameter updates are combined by Adasum, as
+    Horovod's Adasum optimizer does; no overlap). `gradient_predivide_factor=f` (Average
+    only) divides the gradients by f before the exchange and multiplies by f after, to
+    keep low-precision sums in range. `groups=`/`num_groups=` are checked and accepted (the
+    engine fuses all gradients anyway). Sparse gradients (nn.Embedding(sparse=True)) need
+    `sparse_as_dense=True`, which densifies them before the exchange.
+    A `torch.amp.GradScaler` works with it (api/amp.py): every worker agrees on inf/NaN.
+    """
+
+    _step_supports_amp_scaling = True  # scaler.step(opt) calls step(grad_scaler=...): api/amp.py
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        if cls is DistributedOptimizer:
+            if isinstance(optimizer, DistributedOptimizer):
+                raise UserError("DistributedOptimizer: this optimizer is already a DistributedOptimizer; wrap the "
+                                "plain optimizer once")
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise UserError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            cls = _class_for(type(optimizer))
+        return object.__new__(cls)
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, compression=None,
+                 backward_passes_per_step: int = 1, op=None, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None, *,
+                 overlap: bool | None = None):
+        self._inner = optimizer
+        self.op = resolve(op, None, "DistributedOptimizer")
+        if self.op not in (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM):
+            raise UserError(f"DistributedOptimizer(op={self.op!r}): gradients combine by hetrain.Average, Sum or "
+                            "Adasum")
+        if gradient_predivide_factor != 1.0 and self.op != ReduceOp.AVERAGE:
+            raise UserError("gradient_predivide_factor is only for op=hetrain.Average (as in Horovod)")
+        if not gradient_predivide_factor > 0:
+            raise UserError(f"gradient_predivide_factor={gradient_predivide_factor!r} must be > 0")
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise UserError("DistributedOptimizer: process sets are not supported; gradients are exchanged among "
+                            "all workers")
+        self._predivide = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        if named_parameters is None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            named_parameters = [(f"param.{i}", p) for i, p in enumerate(params)]
+        self._named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        names = [n for n, _ in self._named]
+        if len(set(names)) != len(names):
+            raise UserError("named_parameters has duplicate names; pass model.named_parameters()")
+        _check_groups(groups, num_groups, self._named)
+        self.set_backward_passes_per_step(backward_passes_per_step)
+        self._batch_size = 1
+        self.engine = engine()
+        if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
+            check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
+        self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
+        self.compression = self._check_compression(compression)
+        self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
+        self.overlap = ((self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
+                        and self.op != ReduceOp.ADASUM)
+        self._armed = False
+        self._synced = False  # gradients of this step already exchanged (synchronize())
+        self._skip = False
+        self._announced = False  # this step's exchange announced to joined workers: see _announce
+        self._join_index = _join.register_optimizer(self)
+        self._hooks = []
+        if self.overlap:
+            index = {id(p): i for i, (_, p) in enumerate(self._named)}
+            for _, p in self._named:
+                self._hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda param, i=index[id(p)]: self._grad_ready(i, param)))
+
+    def _check_compression(self, compression) -> str:
+        """The job's codec, after checking that `compression` asks for that one (the
+        summation servers decode with the job's codec, so a different one per optimizer
+        cannot be honoured)."""
+        ctx = self.engine.ctx
+        job = ctx.comm.codec
+        if compression is None:
+            return job
+        name = _codec_name(compression)
+        if not ctx.distributed:  # one process: nothing crosses a wire
+            return name
+        if name != job:
+            what = ("" if name == "fp32" else
+                    " (codecs need summation servers: --mode byteps, ps or colocated)" if ctx.comm.mode == "allreduce"
+                    else "")
+            raise UserError(f"DistributedOptimizer(compression={compression!r}) asks for codec {name!r} but this job "
+                            f"runs codec {job!r}: codecs are a job setting, since the summation servers decode with "
+                            f"them; launch with `hetrain launch --codec {name}`{what}, or drop compression=")
+        return name
+
+    @property
+    def _average(self) -> bool:
+        return self.op == ReduceOp.AVERAGE
+
+    def _outgoing(self, param: torch.Tensor) -> torch.Tensor:
+        """The gradient as it goes out: dense, divided by gradient_predivide_factor."""
+        g = param.grad
+        if g.is_sparse:
+            if not self.sparse_as_dense:
+                raise UserError("a parameter has a sparse gradient (e.g. nn.Embedding(sparse=True)); pass "
+                                "DistributedOptimizer(..., sparse_as_dense=True) to exchange it densely")
+            g = param.grad = g.to_dense()
+        if self._predivide != 1.0:
+            g.div_(self._predivide)
+        return g
+
+    def _grad_ready(self, i: int, param: torch.Tensor) -> None:
+        """Backward produced parameter i's gradient: start pushing it now (after the
+        last of `backward_passes_per_step` backward passes)."""
+        if not self._armed:
+            return
+        self._passes[i] += 1
+        if self._passes[i] > self.backward_passes_per_step:
+            raise UserError(f"parameter {self._named[i][0]!r} got {self._passes[i]} gradients in one step but "
+                            f"backward_passes_per_step={self.backward_passes_per_step}: call step() after every "
+                            f"{self.backward_passes_per_step} backward passes, or raise backward_passes_per_step")
+        if self._passes[i] < self.backward_passes_per_step:
+            return  # accumulate locally; the exchange happens on the last pass
+        if not self.engine.in_flight:
+            if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
+                                                             average=self._average, overlapped=True):
+                self._armed = False
+                return
+        if self.engine.is_ready(i):
+            raise UserError(f"parameter {self._named[i][0]!r} got a second gradient in one step: overlap pushes each "
+                            "gradient as soon as backward produces it; to accumulate gradients over several "
+                            "backwards pass backward_passes_per_step=N (or drop --overlap)")
+        self.engine.ready(i, self._outgoing(param))
+
+    def __getattr__(self, item):  # delegate everything else (defaults, hooks, ...) to the wrapped optimizer
+        if item == "_inner":
+            raise AttributeError(item)
+        return getattr(self._inner, item)
+
+    @property
+    def param_groups(self):
+        return self._inner.param_groups
+
+    @property
+    def state(self):
+        return self._inner.state
+
+    def add_param_group(self, param_group) -> None:
+        raise UserError("add_param_group on a DistributedOptimizer: its gradients would not be exchanged; add the "
+                        "group to the wrapped optimizer before wrapping it")
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's `set_backward_passes_per_step`: how many backward passes accumulate
+        locally before each exchange (takes effect from the next step)."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise UserError(f"backward_passes_per_step={passes!r} must be an integer >= 1 "
+                            "(the number of backward passes whose gradients accumulate before each step())")
+        self.backward_passes_per_step = passes
+        self._passes = [0] * len(self._named)  # backward passes seen per parameter this step
+
+    def set_batch_size(self, batch_size: int) -> None:
+        self._batch_size = int(batch_size)
+        if self._armed and not self.engine.in_flight:
+            # overlap: exchange the step header now, before backward, so the hooks only
+            # send (waiting for the other workers must not count as this worker's compute,
+            # or the balancer would read waiting as slowness)
+            if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
+                                                             average=self._average, overlapped=True):
+                self._armed = False
+
+    def _announce(self) -> bool:
+        """Before each exchange, one tiny all-reduce tells workers that have joined
+        (hetrain.join, api/uneven.py) that this optimizer exchanges now, so they take part
+        with zero gradients and batch weight 0. True when no worker has joined; otherwise
+        the exchange runs unoverlapped at step(), as the joined workers' does."""
+        if self._announced:
+            return False
+        active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
+        if active == self.engine.ctx.num_workers:
+            return True
+        self._announced = True
+        self._armed = False
+        return False
+
+    def synchronize(self) -> None:
+        """Exchange the gradients now (Horovod's `synchronize`), e.g. to clip them before
+        `with opt.skip_synchronize(): opt.step()`. step() does it unless it already happened
+        this step."""
+        if self.sync != "sync":
+            raise UserError(f"synchronize() exchanges gradients synchronously but this job runs sync={self.sync!r}, "
+                            "where step() pushes them to the parameter servers")
+        if self.op == ReduceOp.ADASUM:
+            raise UserError("synchronize() with op=hetrain.Adasum: the Adasum optimizer combines the workers' "
+                            "parameter updates after each local step, so there is no exchanged gradient to look at; "
+                            "use op=hetrain.Average to clip exchanged gradients")
+        _drain()
+        if not self.engine.in_flight and not self._announced:
+            self._announce()
+        for _, p in self._named:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._armed = False
+        if self.engine.in_flight:  # overlap: most partitions are already on their way
+            named = [(n, p.grad if self.engine.is_ready(i) else self._outgoing(p))
+                     for i, (n, p) in enumerate(self._named)]
+            self.engine.finish([t for _, t in named])
+        else:
+            named = [(n, self._outgoing(p)) for n, p in self._named]
+            self.engine.push_pull(named, weight=self._batch_size, average=self._average)
+        if self._predivide != 1.0:
+            for _, t in named:
+                t.mul_(self._predivide)
+        self._passes = [0] * len(self._named)
+        self._synced = True
+        self._announced = False
+
+    def _shadow_exchange(self) -> None:
+        """A joined worker's part in the others' exchange (api/uneven.py): zero gradients
+        with batch weight 0, so the average is over the workers still training."""
+        if self.op == ReduceOp.ADASUM:
+            for _, p in self._named:
+                adasum_allreduce(torch.zeros_like(p), "DistributedOptimizer (joined worker)")
+            return
+        named = [(n, torch.zeros_like(p)) for n, p in self._named]
+        self.engine.push_pull(named, weight=0, average=self._average)
+
+    @contextmanager
+    def skip_synchronize(self):
+        """`step()` inside this block runs the optimizer without exchanging gradients
+        (call synchronize() first), e.g. to clip the averaged gradients in between."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def _adasum_step(self, closure):
+        """Horovod's Adasum optimizer: step on this worker's own gradients, then replace
+        each parameter's update by the Adasum of all workers' updates."""
+        if not self._announced:
+            self._announce()
+        start = [p.detach().clone() for _, p in self._named]
+        loss = self._inner.step(closure)
+        with torch.no_grad():
+            for (n, p), s in zip(self._named, start):
+                p.copy_(s + adasum_allreduce(p.detach() - s, f"DistributedOptimizer Adasum of {n!r}"))
+        self._passes = [0] * len(self._named)
+        self._announced = False
+        return loss
+
+    def step(self, closure=None, grad_scaler=None):
+        if grad_scaler is not None:
+            return scaled_step(self, grad_scaler, closure)
+        if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
+            from ..comm.async_ps import AsyncClient
+
+            loss = closure() if closure is not None else None
+            group = self._inner.param_groups[0]
+            if self._async is None:
+                self._async = AsyncClient(self.engine.ctx, self._named, group["lr"], group.get("momentum", 0.0),
+                                          batch=self._batch_size)
+            self._async.step(lr=group["lr"], batch_size=self._batch_size)
+            return loss
+        if self.op == ReduceOp.ADASUM:
+            return self._adasum_step(closure)
+        if not self._skip and not self._synced:
+            self.synchronize()
+        elif self._skip and not self._synced and self.engine.ctx.distributed:
+            raise UserError("step() inside skip_synchronize() needs synchronize() first: without it the workers' "
+                            "gradients were never averaged")
+        self._synced = False
+        return self._inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._inner.zero_grad(set_to_none=set_to_none)
+        self._armed = self.overlap
+        self._synced = False
+        self._passes = [0] * len(self._named)
+
+    def state_dict(self):
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self._inner.load_state_dict(state_dict)

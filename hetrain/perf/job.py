@@ -1,0 +1,325 @@
+"""Whole-job cost model: step time, memory per device and cost of every way to train one
+model data-parallel on one cluster, numpy only.
+
+A *candidate* (`Candidate`) is one choice of each knob the runtime has: the
+communication mode (ring all-reduce among the workers, BytePS with the CPU machines as
+extra summation servers, or a plain parameter server on the CPU machines), how the
+global batch is split (equal shares, or shares balanced on the step-time model so all
+workers finish together), whether gradients are pushed while backward still runs
+(overlap), and the gradient codec. For worker i with share b_i:
+
+    compute_i = fixed_i + b_i · per_sample_i                 (the H-PS step-time model, perf.steptime)
+    M         = gradient bytes · codec ratio                 (fp32 1, fp16 1/2, int8 1/4, int4 1/8)
+    comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC;
+                                                               BytePS: the LP split of perf.comm;
+                                                               PS: the busiest NIC of n·M/k; with
+                                                               servers, push + pull of the last
+                                                               partition do not overlap: `comm_time`)
+    codec     = codec seconds per fp32 byte · gradient bytes (encode + decode, fitted)
+    exposed   = comm + codec                                 (no overlap)
+              = max(comm + codec − window · max_i compute_i, (comm + codec) / pieces)   (overlap)
+    step      = max_i compute_i + exposed + overhead
+    memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
+                + b_i · activation bytes per sample kept for backward
+
+`overhead` (seconds per step the framework adds: the step header, metrics exchange,
+Python), `efficiency` (bytes/s reached over the nominal NIC rate) and the codec costs are
+*fitted* (`fit`) from measured steps, so the model is the one the runs check
+(`plan.job`, bench/plan.py). Cost per sample: the $/hour of the machines a candidate
+uses over its samples per hour.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from ..errors import UserError  # dependency-free: perf stays numpy-only
+from .comm import byteps_shares, ring_allreduce_time
+from .steptime import predicted_times, solve_shares
+
+CommMode = Literal["allreduce", "byteps", "ps"]
+SharePolicy = Literal["equal", "balanced"]
+Codec = Literal["fp32", "fp16", "int8", "int4"]
+CODEC_RATIO: dict[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int4": 0.125}
+COMM_MODES: tuple[str, ...] = ("allreduce", "byteps", "ps")
+SHARE_POLICIES: tuple[str, ...] = ("equal", "balanced")
+
+
+@dataclass(frozen=True)
+class JobWorker:
+    """One worker process: its compute line, NIC, memory and price."""
+
+    name: str
+    per_sample_s: float          # seconds per sample of forward+backward on this device
+    bandwidth: float             # NIC bytes/s each way
+    fixed_s: float = 0.0         # seconds per step whatever the share (launches, optimizer step)
+    memory: float = np.inf       # bytes the device holds
+    price_per_hour: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobCluster:
+    workers: tuple[JobWorker, ...]
+    cpu_bandwidth: tuple[float, ...] = ()     # CPU-only machines' NICs (summation servers)
+    cpu_price_per_hour: tuple[float, ...] = ()
+    duplex: bool = True            # both directions of a NIC limited (False: uploads only, the in-process limiter)
+    partition_bytes: float = 4_096_000  # the runtime's partition size (BytePS default)
+    # share of a step's compute after which gradients start to be ready, so an overlapped
+    # exchange can run beside it: backward's share (about 2/3) on real devices; all of it
+    # on emulated devices of the calibrated model (the slowdown follows the real backward)
+    overlap_window: float = 2 / 3
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise UserError("a job needs at least one worker")
+        if len(self.cpu_price_per_hour) not in (0, len(self.cpu_bandwidth)):
+            raise UserError("give one price per CPU machine, or none")
+        if any(w.per_sample_s <= 0 or w.bandwidth <= 0 for w in self.workers) or any(b <= 0 for b in self.cpu_bandwidth):
+            raise UserError("per-sample times and bandwidths must be > 0")
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """What the cost model needs of a model (from its layer profile)."""
+
+    name: str
+    grad_bytes: float               # dense gradient bytes per step (fp32)
+    act_bytes_per_sample: float     # activation bytes kept for backward per sample
+    state_factor: float = 3.0       # bytes per parameter byte: weights, gradients, momentum (SGD)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """The model's constants fitted from measured steps (defaults: the ideal machine)."""
+
+    overhead_s: float = 0.0         # seconds per step the framework adds
+    efficiency: float = 1.0         # achieved / nominal bandwidth
+    codec_s_per_byte: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CODEC_RATIO})
+    codec_scale: float = 1.0        # measured / nominal codec compute (a loaded host encodes slower)
+    overlap_s: float = 0.0          # seconds per step overlap adds (a message per tensor, hooks)
+    partitions: int = 4             # pieces an overlapped exchange is cut into (the last is never hidden)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    mode: CommMode = "allreduce"
+    shares: SharePolicy = "balanced"
+    overlap: bool = False
+    codec: Codec = "fp32"
+
+    def label(self) -> str:
+        return f"{self.mode}/{self.shares}/{'overlap' if self.overlap else 'no-overlap'}/{self.codec}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    global_batch: int
+    shares: np.ndarray        # samples per worker
+    compute_s: np.ndarray     # per worker
+    comm_s: float             # exposed communication + codec
+    memory: np.ndarray        # bytes per worker
+    fits: bool
+    dollars_per_hour: float
+    why: str
+    parts: dict = field(default_factory=dict)  # nominal terms of the step, what `fit` adjusts
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.step_s
+
+    @property
+    def dollars_per_million(self) -> float:
+        return self.dollars_per_hour / (self.samples_per_s * 3600.0) * 1e6
+
+
+def _phases(mode: str, nbytes: float, n: int, wbw: np.ndarray, cbw: np.ndarray):
+    """Bytes each machine sends (up) and receives (down) in the push and the pull phase,
+    workers first then CPU machines: ((push_up, push_down), (pull_up, pull_down))."""
+    k = len(cbw)
+    if mode == "byteps":
+        m, c = (f * nbytes for f in byteps_shares(wbw, cbw))
+    elif mode == "ps":
+        if k == 0:
+            raise UserError("a parameter server needs CPU machines")
+        m, c = np.zeros(n), np.full(k, nbytes / k)
+    else:
+        raise UserError(f"unknown server mode {mode!r}")
+    push_up = np.concatenate([nbytes - m, np.zeros(k)])
+    push_down = np.concatenate([(n - 1) * m, n * c])
+    return (push_up, push_down), (push_down, push_up)  # a pull mirrors its push
+
+
+def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray, duplex: bool = True,
+              partitions: int = 1) -> float:
+    """Seconds to sum `nbytes` of gradient over the workers in `mode` (nominal rates).
+
+    Ring all-reduce moves 2(n-1)/n·M through every NIC each way. With summation servers
+    (BytePS, PS) a partition is pushed, summed, then pulled: with `partitions` pieces in
+    flight the NICs carry push and pull at once except for the last piece, so the time
+    runs from push + pull (one partition) down to the NIC's total bytes over its rate
+    (many; the BytePS paper's t_opt). `duplex`: both directions of a NIC are limited (real
+    links, tc in network namespaces); False: only uploads are (the in-process limiter)."""
+    n = len(worker_bw)
+    if n <= 1:
+        return 0.0
+    if mode == "allreduce":
+        return ring_allreduce_time(nbytes, n, float(np.min(worker_bw)))
+    if mode not in ("byteps", "ps"):
+        raise UserError(f"unknown communication mode {mode!r}; choose one of {COMM_MODES}")
+    bw = np.concatenate([worker_bw, cpu_bw])
+    (pu, pd), (qu, qd) = _phases(mode, nbytes, n, worker_bw, cpu_bw)
+
+    def phase(up, down):
+        return float(np.max((np.maximum(up, down) if duplex else up) / bw))
+
+    push, pull, total = phase(pu, pd), phase(qu, qd), phase(pu + qu, pd + qd)
+    p = max(1, int(partitions))
+    return total + (push + pull - total) / p
+
+
+def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.ndarray) -> np.ndarray:
+    """Samples per worker: equal (capped by memory, the rest spread evenly) or balanced by
+    the step-time model so every worker is predicted to finish together."""
+    from ..train.balance import solve_shares  # TEMPORARY until the step-time model lands in perf
+
+    n = len(cluster.workers)
+    if policy == "equal":
+        return solve_shares(global_batch, np.zeros(n), np.ones(n), caps)
+    if policy == "balanced":
+        return solve_shares(global_batch, np.array([w.fixed_s for w in cluster.workers]),
+                            np.array([w.per_sample_s for w in cluster.workers]), caps)
+    raise UserError(f"unknown share policy {policy!r}; choose one of {SHARE_POLICIES}")
+
+
+def memory_per_worker(model: JobModel, codec: str, shares: np.ndarray) -> np.ndarray:
+    residual = model.grad_bytes if codec != "fp32" else 0.0  # error feedback keeps an fp32 residual
+    return model.state_factor * model.grad_bytes + residual + shares * model.act_bytes_per_sample
+
+
+def _sample_caps(model: JobModel, codec: str, cluster: JobCluster, global_batch: int) -> np.ndarray:
+    fixed = memory_per_worker(model, codec, np.zeros(len(cluster.workers)))
+    per = model.act_bytes_per_sample
+    mem = np.array([w.memory for w in cluster.workers], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        caps = np.where(per > 0, np.floor((mem - fixed) / max(per, 1e-300)), np.where(mem >= fixed, np.inf, -1))
+    return np.clip(np.nan_to_num(caps, posinf=global_batch), 0, global_batch).astype(np.int64)
+
+
+def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch: int,
+            fitted: Fitted = Fitted()) -> Prediction:
+    """Step time, memory per worker and cost of one candidate."""
+    n = len(cluster.workers)
+    wbw = np.array([w.bandwidth for w in cluster.workers], dtype=float)
+    cbw = np.array(cluster.cpu_bandwidth, dtype=float)
+    caps = _sample_caps(model, cand.codec, cluster, global_batch)
+    why = []
+    fits = int(caps.sum()) >= global_batch
+    if fits:
+        shares = shares_for(cand.shares, global_batch, cluster, caps)
+    else:  # report what the batch would need on equal shares
+        shares = np.full(n, global_batch // n) + (np.arange(n) < global_batch % n)
+        why.append(f"does not fit: the workers hold {int(caps.sum())} of {global_batch} samples")
+    memory = memory_per_worker(model, cand.codec, shares)
+    mem_cap = np.array([w.memory for w in cluster.workers], dtype=float)
+    if fits and np.any(memory > mem_cap):
+        fits = False
+        why.append("does not fit: model state exceeds a device's memory")
+    compute = np.where(shares > 0, predicted_times(shares, [w.fixed_s for w in cluster.workers],
+                                                   [w.per_sample_s for w in cluster.workers]), 0.0)
+    nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
+    pieces = int(np.ceil(nbytes / cluster.partition_bytes))
+    parts = {"compute": float(compute.max()), "window": cluster.overlap_window,
+             "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
+             "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
+    step, exposed = step_time(parts, cand, fitted)
+    slowest = parts["compute"]
+    price = sum(w.price_per_hour for w in cluster.workers)
+    if cand.mode in ("byteps", "ps"):
+        price += sum(cluster.cpu_price_per_hour)
+    why.append(f"compute {slowest * 1e3:.1f} ms (slowest worker), exchange {exposed * 1e3:.1f} ms"
+               + (" after overlap" if cand.overlap else ""))
+    return Prediction(cand, step, global_batch, shares, compute, exposed, memory, fits, price, "; ".join(why), parts)
+
+
+def codec_work(cand: Candidate, model: JobModel, wbw: np.ndarray, cbw: np.ndarray) -> float:
+    """fp32 bytes encoded and decoded on a step's critical path: a worker's own gradient
+    (encode, then decode the sum), then the busiest server's share, which it decodes from
+    each of the n workers and encodes once: about (n+1)/2 encode+decode passes."""
+    n = len(wbw)
+    if cand.codec == "fp32" or n <= 1 or cand.mode == "allreduce":
+        return 0.0
+    if cand.mode == "ps":
+        server = model.grad_bytes / len(cbw)
+    else:
+        gpu, cpu = byteps_shares(wbw, cbw)
+        server = model.grad_bytes * float(max(gpu.max(), cpu.max() if len(cbw) else 0.0))
+    return model.grad_bytes + (n + 1) / 2 * server
+
+
+def step_time(parts: dict, cand: Candidate, fitted: Fitted) -> tuple[float, float]:
+    """(step seconds, exposed exchange seconds) from a candidate's nominal parts."""
+    exposed = parts["comm"] / fitted.efficiency + parts["codec"] * fitted.codec_scale
+    if cand.overlap and exposed > 0:
+        exposed = max(exposed - parts["window"] * parts["compute"], exposed / max(1, fitted.partitions))
+    return parts["compute"] + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0), exposed
+
+
+def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
+               policies=SHARE_POLICIES, overlaps=(False, True)) -> list[Candidate]:
+    """Every candidate the runtime can run on the cluster: BytePS and PS need CPU machines;
+    codecs need summation servers to decode (all-reduce sums fp32 only)."""
+    usable = [m for m in modes if m == "allreduce" or cluster.cpu_bandwidth]
+    return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs
+            if m != "allreduce" or c == "fp32"]
+
+
+def rank(preds: list[Prediction], target: float | None = None, budget: float | None = None) -> list[Prediction]:
+    """Best first. Plans that fit come first; then, with a throughput `target`, the ones that
+    reach it, cheapest per sample first; with a `budget` ($/hour), the ones within it,
+    fastest first; without either, fastest first. Ties: fewer bytes, simpler knobs."""
+    def key(p: Prediction):
+        simple = (p.candidate.overlap, CODEC_RATIO[p.candidate.codec] != 1.0, p.candidate.shares != "equal")
+        if target is not None:
+            ok = p.samples_per_s >= target
+            return (not p.fits, not ok, p.dollars_per_million if ok else -p.samples_per_s, simple)
+        if budget is not None:
+            ok = p.dollars_per_hour <= budget
+            return (not p.fits, not ok, -p.samples_per_s if ok else p.dollars_per_hour, simple)
+        return (not p.fits, -round(p.samples_per_s, 9), simple)
+    return sorted(preds, key=key)
+
+
+def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -> Fitted:
+    """Fit the model's constants to measured step times, in three steps whose terms add up:
+
+    1. `overhead_s` and `efficiency`: least squares of measured − compute ≈ overhead +
+       comm/efficiency over runs without overlap and codec (with one such run, or an
+       efficiency above 1, only the overhead);
+    2. `codec_scale`: the median of (measured − the fp32 terms) / nominal codec time over
+       codec runs without overlap;
+    3. `overlap_s`: the median of measured − predicted over overlapped runs.
+    Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
+    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
+    if not plain:
+        raise UserError("fitting the cost model needs at least one measured run without overlap and codec")
+    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
+    y = np.array([m - p.parts["compute"] for p, m in plain])
+    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
+    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
+        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if inv_eff >= 1.0 and over >= 0:
+            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
+    coded = [(p, m) for p, m in observations if not p.candidate.overlap and p.parts["codec"] > 0]
+    if coded:
+        scale = [(m - step_time({**p.parts, "codec": 0.0}, p.candidate, fitted)[0]) / p.parts["codec"]
+                 for p, m in coded]
+        fitted = replace(fitted, codec_scale=max(0.0, float(np.median(scale))))
+    lapped = [(p, m) for p, m in observations if p.candidate.overlap]
+    if lapped:
+        extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
+        fitted = replace(fitted, overlap_s=max(0.0, float(np.median(extra))))
+    return fitted

@@ -1,0 +1,194 @@
+"""Whole-job planning: the cost model's ranking against brute force, memory refusals,
+fitting, the plan CLI, and `hetrain launch --plan / --auto` on the demo."""
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetrain.cli import main as cli
+from hetrain.perf.comm import byteps_split, byteps_time, ring_allreduce_time
+from hetrain.perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, candidates,
+                              comm_time, fit, predict, rank)
+from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, plan_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def synthetic(rng, n: int, k: int):
+    bw = float(rng.choice([1e7, 1e8, 1e9]))  # equal NICs: the closed forms apply
+    workers = tuple(JobWorker(f"w{i}", float(rng.uniform(1e-4, 5e-3)), bw, float(rng.uniform(0, 5e-3)),
+                              price_per_hour=float(rng.uniform(0.5, 3))) for i in range(n))
+    # partitions of a micro-byte: pushes and pulls fully pipelined, the closed forms' regime
+    cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6)
+    model = JobModel("m", float(rng.choice([1e5, 1e6, 1e7])), float(rng.uniform(1e3, 1e5)))
+    fitted = Fitted(overhead_s=float(rng.uniform(0, 0.01)), efficiency=float(rng.uniform(0.5, 1.0)),
+                    codec_s_per_byte={c: float(rng.uniform(0, 5e-9)) for c in CODEC_RATIO},
+                    codec_scale=float(rng.uniform(1, 4)), overlap_s=float(rng.uniform(0, 0.005)))
+    return cluster, model, fitted
+
+
+def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int, fitted: Fitted) -> float:
+    """Step time by exhaustive search over every integer split of the batch (balanced) and
+    the closed-form exchange times, written independently of perf/job.py."""
+    n = len(cluster.workers)
+    fixed = np.array([w.fixed_s for w in cluster.workers])
+    per = np.array([w.per_sample_s for w in cluster.workers])
+
+    def slowest(sizes):
+        return max(f + p * b for f, p, b in zip(fixed, per, sizes) if b > 0)
+
+    if cand.shares == "equal":
+        compute = slowest([batch // n + (i < batch % n) for i in range(n)])
+    else:
+        compute = min(slowest(s) for s in itertools.product(range(1, batch + 1), repeat=n) if sum(s) == batch)
+    m = model.grad_bytes * CODEC_RATIO[cand.codec]
+    bw = cluster.workers[0].bandwidth
+    k = len(cluster.cpu_bandwidth)
+    comm = {"allreduce": lambda: ring_allreduce_time(m, n, bw), "byteps": lambda: byteps_time(m, n, k, bw),
+            "ps": lambda: max(m, n * m / max(k, 1)) / bw}[cand.mode]() / fitted.efficiency
+    codec = 0.0
+    if cand.codec != "fp32":  # workers encode+decode M; the busiest server decodes n shares, encodes one
+        g = model.grad_bytes
+        server = g / k if cand.mode == "ps" else max(byteps_split(n, k, g))
+        codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
+    exposed = comm + codec
+    if cand.overlap:
+        exposed = max(exposed - cluster.overlap_window * compute, exposed / fitted.partitions)
+    return compute + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ranking_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(2, 4)), int(rng.integers(0, 3))
+    cluster, model, fitted = synthetic(rng, n, k)
+    batch = 9 if n == 3 else 12
+    ranked = plan_job(model, cluster, batch, fitted=fitted)
+    brute = {c: brute_step(c, model, cluster, batch, fitted) for c in candidates(cluster)}
+    assert {p.candidate for p in ranked} == set(brute)
+    for p in ranked:
+        assert p.step_s == pytest.approx(brute[p.candidate], rel=1e-5)
+    assert ranked[0].step_s == pytest.approx(min(brute.values()), rel=1e-5)
+    steps = [p.step_s for p in ranked]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(steps, steps[1:]))  # fastest first
+    # a throughput target: the cheapest per sample among those reaching it
+    target = batch / float(np.median(list(brute.values())))
+    best = rank(ranked, target=target)[0]
+    ok = [p for p in ranked if p.samples_per_s >= target]
+    assert best.dollars_per_million == pytest.approx(min(p.dollars_per_million for p in ok))
+    # a budget: the fastest within it
+    budget = sorted(p.dollars_per_hour for p in ranked)[len(ranked) // 2]
+    best = rank(ranked, budget=budget)[0]
+    assert best.samples_per_s == pytest.approx(max(p.samples_per_s for p in ranked if p.dollars_per_hour <= budget))
+
+
+def test_no_codec_with_allreduce_and_no_servers_without_cpu_machines():
+    cluster = JobCluster((JobWorker("a", 1e-3, 1e9), JobWorker("b", 1e-3, 1e9)))
+    cands = candidates(cluster)
+    assert {c.mode for c in cands} == {"allreduce"} and {c.codec for c in cands} == {"fp32"}
+
+
+def test_one_partition_pushes_then_pulls():
+    """A gradient in one partition is pushed, summed, then pulled: no overlap of the phases.
+    PS, 2 workers, 1 CPU machine, uploads paced only: M/B (push) + 2M/B (pull)."""
+    w, c = np.array([1e8, 1e8]), np.array([1e8])
+    assert comm_time("ps", 1e6, w, c, duplex=False, partitions=1) == pytest.approx(0.03)
+    assert comm_time("ps", 1e6, w, c, duplex=True, partitions=1) == pytest.approx(0.04)  # server receives 2M too
+    assert comm_time("ps", 1e6, w, c, duplex=True, partitions=10**9) == pytest.approx(0.02, rel=1e-5)
+    assert comm_time("byteps", 1e6, w, c, duplex=True, partitions=10**9) == pytest.approx(
+        byteps_time(1e6, 2, 1, 1e8), rel=1e-5)
+
+
+def test_memory_refuses_a_plan_that_does_not_fit():
+    model = JobModel("m", grad_bytes=1e6, act_bytes_per_sample=1e5)
+    small = 3e6 + 10 * 1e5  # model state + 10 samples
+    cluster = JobCluster((JobWorker("a", 1e-3, 1e9, memory=small), JobWorker("b", 1e-3, 1e9, memory=small)), (1e9,))
+    fits = predict(Candidate("byteps", "balanced", False, "fp32"), model, cluster, 20)
+    assert fits.fits and list(fits.shares) == [10, 10]
+    assert np.all(fits.memory <= small)
+    over = predict(Candidate("byteps", "balanced", False, "fp32"), model, cluster, 21)
+    assert not over.fits and "does not fit" in over.why
+    # a codec's residual takes memory too: at 20 samples fp32 fits, int8 does not
+    assert not predict(Candidate("byteps", "balanced", False, "int8"), model, cluster, 20).fits
+    ranked = plan_job(model, cluster, 20, fitted=DEFAULT_FITTED)
+    assert ranked[0].fits and ranked[0].candidate.codec == "fp32"
+    assert not ranked[-1].fits
+
+
+def test_fit_recovers_overhead_and_efficiency():
+    rng = np.random.default_rng(3)
+    cluster, model, _ = synthetic(rng, 3, 2)
+    truth = Fitted(overhead_s=0.02, efficiency=0.6)
+    obs = []
+    for mode in ("allreduce", "byteps", "ps"):
+        c = Candidate(mode, "balanced", False, "fp32")
+        obs.append((predict(c, model, cluster, 12), predict(c, model, cluster, 12, truth).step_s))
+    got = fit(obs)
+    assert got.overhead_s == pytest.approx(0.02, rel=1e-6) and got.efficiency == pytest.approx(0.6, rel=1e-5)
+
+
+CLUSTER = """name: tiny
+machines:
+  - {name: w0, role: worker, device: {kind: fast, speed: 1.0, memory: 64MiB}, bandwidth: 1gbit}
+  - {name: w1, role: worker, device: {kind: slow, speed: 0.5, memory: 64MiB}, bandwidth: 1gbit}
+"""
+
+
+def test_plan_cli_ranks_writes_and_refuses(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    out = tmp_path / "plan.json"
+    rc = cli(["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", "digits", "--cost-per-sample", "0.001",
+              "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "samples/s" in text and "$/1M" in text and "allreduce/balanced" in text
+    plan = load_job_plan(out)
+    assert plan.config.mode == "allreduce" and plan.config.balance == "measured"
+    assert sum(plan.predicted.shares.values()) == 64 and plan.predicted.shares["w0"] > plan.predicted.shares["w1"]
+    assert plan.script[:2] == ["-m", "hetrain.demo.digits"]
+    (tmp_path / "small.yaml").write_text(CLUSTER.replace("64MiB", "100KiB"))
+    rc = cli(["plan", "--cluster", str(tmp_path / "small.yaml"), "--model", "digits", "--cost-per-sample", "0.001",
+              "--out", str(out)])
+    assert rc == 1 and "no candidate fits" in capsys.readouterr().err
+    assert cli(["plan", "--model", "digits", "--out", str(out)]) == 2  # neither --cluster nor --catalogue
+
+
+def _launch(*args: str, timeout: int = 300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_launch_plan_runs_the_demo_and_records_its_prediction(tmp_path):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    plan = tmp_path / "plan.json"
+    assert cli(["plan", "--cluster", str(tmp_path / "c.yaml"), "--model", "digits", "--cost-per-sample", "0.001",
+                "--out", str(plan), "--epochs", "1"]) == 0
+    run = tmp_path / "run"
+    proc = _launch("--plan", str(plan), "--run-dir", str(run))
+    check = json.loads((run / "summary.json").read_text())["prediction"]
+    assert check["candidate"] == load_job_plan(plan).ranking[0]["candidate"]
+    assert check["measured_step_s"] > 0 and check["predicted_step_s"] > 0
+    assert set(check["measured_memory"]) == {"w0", "w1"} and all(v > 0 for v in check["measured_memory"].values())
+    assert "predicted step" in proc.stdout
+
+
+@pytest.mark.slow
+def test_launch_auto_profiles_plans_and_continues(tmp_path):
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    run = tmp_path / "run"
+    proc = _launch("--auto", "--auto-steps", "6", "--cluster", str(tmp_path / "c.yaml"), "--mode", "allreduce",
+                   "--run-dir", str(run), "-m", "hetrain.demo.digits", "--epochs", "1",
+                   "--cost-per-sample", "0.001")
+    assert "profiling 6 steps" in proc.stdout and "continuing with" in proc.stdout
+    plan = load_job_plan(run / "plan.json")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["prediction"]["candidate"] == plan.ranking[0]["candidate"]
+    assert "resumed from commit" in proc.stdout  # the planned round continued the profiled one
