@@ -30,7 +30,7 @@ The model of Pollux (OSDI'21) that Sia (SOSP'23) schedules with, in numpy only:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -191,7 +191,10 @@ class BatchModel:
         return table, batch
 
 
-def scale_lr(lr: float, old_batch: int, new_batch: int, rule: str = "sqrt") -> float:
+LrRule = Literal["sqrt", "linear"]
+
+
+def scale_lr(lr: float, old_batch: int, new_batch: int, rule: LrRule = "sqrt") -> float:
     """The learning rate for a new global batch: square-root scaling (the default;
     lr x sqrt(new/old), safe for adaptive optimizers and SGD alike) or linear
     (Goyal et al., for SGD with warm-up). AdaScale's gain is left to the trainer."""

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
                    help="GPU pools, e.g. v100:8,p100:8,k80:8, Gavel's 300:300:300, or a YAML file: `gpus: {v100: 8}`, "
                         "a launcher cluster file (its GPU machines by device kind) or a catalogue (its GPU types)")
     s.add_argument("--policy", default=DEFAULT_POLICY,
-                   help="policy name, or several separated by commas (fifo, srtf, doubling, doubling-strict, optimal)")
+                   help="policy name, or several separated by commas (goodput, adaptive, adaptive-goodput, fifo, "
+                        "srtf, gavel, doubling, doubling-strict, optimal)")
     s.add_argument("--jobs", type=int, default=50, help="jobs in a synthetic pattern, or the first N of a trace")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--load", type=float, default=1.0, help="offered load of poisson/bursts patterns (x cluster)")

@@ -31,7 +31,7 @@ from ...errors import UserError
 from ..job import Alloc
 from . import register
 
-DEFAULT_P = 0.75
+DEFAULT_P = 1.0
 MIP_GAP = 1e-4  # relative optimality gap HiGHS stops at
 NODE_GPUS = 8
 FINE_POOL = 128
