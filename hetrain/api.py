@@ -417,7 +417,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
     each worker's batch size (`set_batch_size`, default 1 = equal weights).
 
-    With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
+    With `overlap=True` (default: the job's `--overlap`; always in mode allreduce, as in
+    PyTorch DDP, whose bucketed all-reduce runs during backward), each parameter's gradient is
     pushed as soon as backward has accumulated it, while backward goes on with the
     layers before it; `step()` then only waits for what is still in flight. Call
     `zero_grad()` once per step (it arms the hooks), then `set_batch_size` before
@@ -462,7 +463,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
         self.compression = self._check_compression(compression)
         self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
-        self.overlap = (self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
+        if overlap is None:  # the job's --overlap; all-reduce jobs overlap by default, as DDP does
+            overlap = self.engine.ctx.comm.overlap or self.engine.ctx.comm.mode == "allreduce"
+        self.overlap = bool(overlap) and self.sync == "sync"
         self._armed = False
         self._synced = False  # gradients of this step already exchanged (synchronize())
         self._skip = False
@@ -506,7 +509,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._passes[i] < self.backward_passes_per_step:
             return  # accumulate locally; the exchange happens on the last pass
         if not self.engine.in_flight:
-            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True,
+                                     total=getattr(self, "_total", None)):
                 self._armed = False
                 return
         if self.engine.is_ready(i):
@@ -528,13 +532,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def state(self):
         return self._inner.state
 
-    def set_batch_size(self, batch_size: int) -> None:
+    def set_batch_size(self, batch_size: int, total: int | None = None) -> None:
+        """This worker's batch this step; `total`: every worker's together, when known
+        (BalancedLoader passes it), which spares an all-reduce job the step header."""
         self._batch_size = int(batch_size)
+        self._total = None if total is None else int(total)
+        self._size_set = True  # zero_grad() after this starts the step at once
         if self._armed and not self.engine.in_flight:
             # overlap: exchange the step header now, before backward, so the hooks only
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
-            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True):
+            if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True,
+                                     total=getattr(self, "_total", None)):
                 self._armed = False
 
     def synchronize(self) -> None:
@@ -554,9 +563,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.engine.in_flight:  # overlap: most partitions are already on their way
             self.engine.finish([t for _, t in named])
         else:
-            self.engine.push_pull(named, weight=self._batch_size)
+            self.engine.push_pull(named, weight=self._batch_size, total=getattr(self, "_total", None))
         self._passes = [0] * len(self._named)
         self._synced = True
+        self._size_set = False
+        self._total = None  # known for one step only
 
     @contextmanager
     def skip_synchronize(self):
@@ -592,6 +603,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._armed = self.overlap
         self._synced = False
         self._passes = [0] * len(self._named)
+        if self._armed and getattr(self, "_size_set", False) and not self.engine.in_flight:
+            # the batch size is known (BalancedLoader sets it before the loop's zero_grad):
+            # start the step header now, so it runs during forward
+            self.set_batch_size(self._batch_size, getattr(self, "_total", None))
+        self._size_set = False
 
     def state_dict(self):
         return self._inner.state_dict()

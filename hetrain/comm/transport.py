@@ -29,12 +29,14 @@ import numpy as np
 import torch.distributed as dist
 
 from . import p2p
-from .partition import Partition, plan_for, plan_partitions
+from .layout import Manifest
+from .partition import Partition, plan_buckets, plan_for
 from .protocol import part_tag
 from .window import CreditWindow
 
 Arrival = Literal["forward", "backward"]  # the order in which a step's pieces are handed over
 BUCKET_BYTES = 25 * 2**20  # all-reduce bucket (PyTorch DDP's default bucket_cap_mb)
+FIRST_BUCKET_BYTES = 2**20  # the first bucket of a step (DDP's first_bucket_bytes_cap)
 
 
 class Transport:
@@ -177,9 +179,9 @@ class ServerTransport(Transport):
         # --overlap without --credit-bytes: post in backward order, no window (servers sum in that order)
         self.job_unlimited = ctx.comm.overlap and not ctx.comm.credit_bytes
 
-    def partitions(self, numel: int) -> list[Partition]:
+    def partitions(self, manifest: Manifest) -> list[Partition]:
         c = self.ctx.comm
-        return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
+        return plan_for(self.shares, manifest.numel, c.partition_bytes, c.max_lanes)
 
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)
@@ -220,11 +222,13 @@ class AllReduceTransport(Transport):
 
         return self._group if self._group is not None else job_group(self.ctx)
 
-    def partitions(self, numel: int) -> list[Partition]:
-        """Buckets where they can overlap something (GPU copies, NCCL, --overlap); one
-        all-reduce of everything for host tensors otherwise, which gloo runs fastest."""
-        buckets = self.ctx.device.type == "cuda" or self.ctx.comm.overlap
-        return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
+    def partitions(self, manifest: Manifest) -> list[Partition]:
+        """DDP's buckets (comm/partition.py `plan_buckets`): a small first bucket, then
+        BUCKET_BYTES, cut at whole tensors in backward order. The same on every worker
+        whatever its device, overlap or not (a function of the model and the job's
+        constants only), so a GPU worker and a CPU worker issue the same collectives."""
+        return plan_buckets([e.numel for e in manifest.entries], max(1, FIRST_BUCKET_BYTES // 4),
+                            max(1, BUCKET_BYTES // 4))
 
     @property
     def _what(self) -> str:
@@ -294,9 +298,9 @@ class HierarchicalTransport(Transport):
         self.reduce_group, self.bcast_group = ctx.local_groups
         self.local = list(ctx.local_ranks)
 
-    def partitions(self, numel: int) -> list[Partition]:
+    def partitions(self, manifest: Manifest) -> list[Partition]:
         c = self.ctx.comm
-        return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
+        return plan_for(self.shares, manifest.numel, c.partition_bytes, c.max_lanes)
 
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)
