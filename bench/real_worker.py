@@ -103,6 +103,24 @@ def _hetrain_batches(loader):
         yield from loader
 
 
+def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
+    """Seconds per sample of forward+backward on this worker at an equal share (all workers
+    at once, as in training, so shared cores are shared here too); median of the steps."""
+    xtr, ytr = data[0], data[1]
+    b = a.global_batch // nw
+    idx = torch.arange(rank * b, (rank + 1) * b) % len(xtr)
+    ts = []
+    for _ in range(a.speed_steps):
+        model.zero_grad()
+        t = time.perf_counter()
+        F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+        ts.append(time.perf_counter() - t)
+    mine = torch.tensor([float(np.median(ts[2:])) / b], dtype=torch.float64)
+    allp = [torch.zeros_like(mine) for _ in range(nw)]
+    dist.all_gather(allp, mine, group=ctx.worker_group)
+    return {"kind": "speed", "per_sample_s": [float(p.item()) for p in allp], "share": b}
+
+
 def one_run(a, kind: str, rep: int, ctx, data) -> dict:
     rank, nw = hetrain.rank(), hetrain.size()
     xtr, ytr, xte, yte = data
@@ -110,6 +128,8 @@ def one_run(a, kind: str, rep: int, ctx, data) -> dict:
     model = make_model(a.model, 100 + rep)
     net = Slowed(model, extra)
     loader = None
+    if kind == "speed":  # this worker's compute alone: forward+backward at an equal share, no exchange
+        return measure_speed(a, net, model, data, rank, nw, ctx)
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -119,13 +139,13 @@ def one_run(a, kind: str, rep: int, ctx, data) -> dict:
     else:
         opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
                                            named_parameters=model.named_parameters(), overlap=True)
-        strategy = "accumulate" if kind == "accumulate" else "unequal"
         loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, seed=rep, device="cpu",
                                 balance="equal" if kind == "even" else "measured",
-                                **({"strategy": strategy, "micro_batch": a.micro_batch}
-                                   if kind == "accumulate" else {}))
+                                strategy="accumulate" if kind == "accumulate" else "unequal",
+                                micro_batch=a.micro_batch)
         batches = _hetrain_batches(loader)
     times, phases, accs = [], [], []
+    paused = 0.0
     t0 = time.perf_counter()
     for step, (x, y) in enumerate(batches, 1):
         ta = time.perf_counter()
@@ -153,10 +173,11 @@ def one_run(a, kind: str, rep: int, ctx, data) -> dict:
         else:
             opt.step()
         t4 = time.perf_counter()
-        times.append(t4 - t0)
+        times.append(t4 - t0 - paused)
         phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x)))
-        if a.eval_every and step % a.eval_every == 0:
-            accs.append((step, step * a.global_batch, acc_of(model, xte, yte)))
+        if a.eval_every and step % a.eval_every == 0:  # evaluation time is not training time
+            accs.append((step, times[-1], acc_of(model, xte, yte)))
+            paused += time.perf_counter() - t4
         if step >= a.steps:
             break
     out = {"kind": kind, "rep": rep, "times": times, "final_acc": acc_of(model, xte, yte), "accs": accs}
@@ -186,6 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--speed-steps", type=int, default=8)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ctx = hetrain.init()

@@ -218,9 +218,11 @@ class AllReduceTransport(Transport):
     @property
     def members(self):
         """The group all-reduced over (the job's workers unless a subgroup was given)."""
-        from .group import job_group
+        if self._group is None:
+            from .group import job_group
 
-        return self._group if self._group is not None else job_group(self.ctx)
+            self._group = job_group(self.ctx)
+        return self._group
 
     def partitions(self, manifest: Manifest) -> list[Partition]:
         """DDP's buckets (comm/partition.py `plan_buckets`): a small first bucket, then

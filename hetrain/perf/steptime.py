@@ -35,6 +35,20 @@ class BatchDoesNotFitError(UserError):
 
 # ---- the step-time model ----------------------------------------------------------------
 
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil–Sen line (slope: median of pairwise slopes over pairs with distinct x;
+    intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it. Written
+    out because it runs every step of training and scipy's also computes confidence
+    intervals (a t-distribution quantile), which cost milliseconds per call."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return float("nan"), float("nan")
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    return slope, float(np.median(y) - slope * np.median(x))
+
+
 class StepTimeModel:
     """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
 
@@ -76,9 +90,7 @@ class StepTimeModel:
         b = np.array([o[0] for o in self.obs], dtype=float)
         t = np.array([o[1] for o in self.obs], dtype=float)
         if self._identifiable(b):
-            from scipy.stats import theilslopes
-
-            slope, intercept = theilslopes(t, b)[:2]
+            slope, intercept = theil_sen(b, t)
             med_t, med_b = float(np.median(t)), float(np.median(b))
             if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
                 self.line = (max(0.0, float(intercept)), float(slope))
@@ -162,11 +174,15 @@ def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 
         return np.clip(np.floor((level - fixed) / per), lo, caps)
 
     low = float(np.min(fixed + per * lo))
-    high = float(np.max(fixed + per * caps)) + 1.0
+    high = float(np.max(fixed + per * caps)) * (1 + 1e-9) + 1e-12  # every worker at its cap: Σ caps ≥ batch
+    slack = 4 * n + 16  # the heap below hands out the last few samples; bisection gets close
     for _ in range(200):  # float bisection; the greedy below makes the result exact anyway
         mid = 0.5 * (low + high)
-        if count(mid).sum() < global_batch:
+        got = count(mid).sum()
+        if got < global_batch:
             low = mid
+            if global_batch - got <= slack:
+                break
         else:
             high = mid
         if high - low <= 1e-12 * max(1.0, abs(high)):
