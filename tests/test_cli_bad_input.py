@@ -90,7 +90,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_one_line_and_exit_2(name, files, capsys, monkeypatch):
-    import hetrain.runtime.launcher as launcher
+    import hetrain.runtime.launch.procs as launcher
 
     def no_process(*a, **k):
         raise AssertionError(f"bad input started a process: {a[0] if a else k}")

@@ -56,7 +56,7 @@ def test_demo_on_the_gpu_and_cpu_workers_of_this_host(tmp_path):
 def test_demo_flags_reach_the_demo_script(monkeypatch):
     """`hetrain demo --balance equal` (docs/hps.md) is accepted and passed on."""
     from hetrain import cli
-    from hetrain.runtime import launcher
+    from hetrain.runtime import launch as launcher
 
     seen = {}
     monkeypatch.setattr(launcher, "launch", lambda cfg: seen.setdefault("argv", cfg.argv) and 0)

@@ -12,7 +12,7 @@ from hetrain.cluster import ClusterSpecError, parse_cluster
 from hetrain.errors import UserError
 from hetrain.runtime.cores import assign_cores, pin
 from hetrain.runtime.env import ProcEnv
-from hetrain.runtime.launcher import check_entry_point
+from hetrain.runtime.launch import check_entry_point
 from hetrain.runtime.topology import build_topology
 from hetrain.runtime.torchrun import (TorchrunFlags, from_torchrun_environ, parse_endpoint, parse_nnodes,
                                       parse_nproc, resolve)

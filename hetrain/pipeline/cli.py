@@ -162,7 +162,7 @@ def run_plan(plan: dict, *, catalogue: str | None = None, profile: str | None = 
     """Compile, launch and measure one plan. Returns the result dict (also for bench/)."""
     from ..cluster.spec import parse_cluster
     from ..runtime.env import CommConfig
-    from ..runtime.launcher import LaunchConfig, launch
+    from ..runtime.launch import LaunchConfig, launch
 
     run = Path(run_dir or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}")
     run.mkdir(parents=True, exist_ok=True)

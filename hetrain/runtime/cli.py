@@ -70,7 +70,7 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _launch_config(args, argv: list[str], cluster=None):
-    from .launcher import LaunchConfig
+    from .launch import LaunchConfig
     from .auth import load_secret
     from .supervisor import ElasticConfig
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
@@ -101,7 +101,7 @@ def _launch_config(args, argv: list[str], cluster=None):
 
 
 def _cmd_launch(args) -> int:
-    from .launcher import launch
+    from .launch import launch
 
     if args.script is None:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
@@ -118,7 +118,7 @@ def _cmd_launch(args) -> int:
 def _cmd_demo(args) -> int:
     """Without --cluster: this host's GPU plus CPU workers where CUDA is available (real
     devices, real compute), else the built-in cluster of emulated speeds."""
-    from .launcher import launch
+    from .launch import launch
 
     argv = ["-m", "hetrain.demo.digits", "--epochs", str(args.epochs), "--balance", args.balance]
     cluster = None

@@ -4,7 +4,7 @@ Ray is used for what it is good at: knowing the machines, reserving GPUs and CPU
 them atomically (a *placement group*), starting processes there and noticing when a
 node or a process dies. Everything else stays the single launcher's: the rank table,
 the rendezvous store (hosted by this driver, bound to its cluster address only), the
-job secret, the environment of every process (`launcher.process_env`), streaming the
+job secret, the environment of every process (`launch.process_env`), streaming the
 output with rank prefixes, stop requests (SIGUSR1) and failure handling.
 
 One bundle per machine of the cluster file: a worker machine whose device kind is of
@@ -14,7 +14,7 @@ nowhere is a GPU unless it is named `cpu`) gets a GPU bundle (`gpu_resource`, 1,
 V100 node), and every bundle gets `cpus_per_process` CPUs for each process of the
 machine (its worker and its co-located summation server); a CPU machine gets a CPU
 bundle for its server. Each process is a small actor in its machine's bundle that
-starts the rank as a child process (`launcher.start_process`, so SIGUSR1 is blocked
+starts the rank as a child process (`launch.start_process`, so SIGUSR1 is blocked
 until the script is ready, and the child dies with the actor), pipes its output back
 and passes signals on. The machines' addresses in the cluster handed to the processes
 are the addresses of the Ray nodes their bundles landed on, so gloo binds to the
@@ -39,7 +39,7 @@ from typing import Literal
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from . import STOP_REQUESTED
-from .launcher import EXIT_STOPPED, Child, LaunchConfig, Launcher, full_env, start_process
+from .launch import EXIT_STOPPED, Child, LaunchConfig, Launcher, ProcessBackend, full_env, start_process
 from .topology import Proc, build_topology
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -287,17 +287,54 @@ def _lost_text(err: BaseException, node_ip: str) -> str:
     return f"its Ray actor on node {node_ip} was lost: the node or the process died [{first[:200]}]"
 
 
-class RayLauncher(Launcher):
-    """The single launcher, with processes placed by Ray instead of started here."""
+class RayProcesses(ProcessBackend):
+    """Each process of the job in a small actor in its machine's bundle of the
+    placement group (`RayLauncher` fills in the group and where each machine landed)."""
 
-    def __init__(self, cfg: LaunchConfig, opts: RayOptions):
-        super().__init__(cfg)
+    def __init__(self, opts: RayOptions) -> None:
         self.opts = opts
         self.pg = None
+        self.cluster: ClusterSpec | None = None
         self.bundle_of: dict[str, int] = {}
         self.node_ip_of: dict[str, str] = {}
         self.actors: list = []
         self._actor_cls = None
+
+    def spawn(self, p: Proc, args: list[str], env: dict[str, str], cores) -> RemoteProcess:
+        ray = import_ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._actor_cls is None:
+            self._actor_cls = ray.remote(max_concurrency=4)(_RankProcess)
+        opts = {"num_cpus": self.opts.cpus_per_process, "max_restarts": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=self.bundle_of[p.machine.name])}
+        if uses_gpu(self.cluster, p.machine):
+            if self.opts.gpu_resource == "GPU":
+                opts["num_gpus"] = 1  # Ray then sets CUDA_VISIBLE_DEVICES for the process
+            else:
+                opts["resources"] = {self.opts.gpu_resource: 1.0}
+        actor = self._actor_cls.options(**opts).remote()
+        self.actors.append(actor)
+        return RemoteProcess(ray, actor, actor.start.remote(args, env, os.getcwd()), self.node_ip_of[p.machine.name])
+
+    def signal(self, child: Child, signum: int) -> None:
+        child.popen.signal_group(signum)
+
+    def exit_text(self, child: Child) -> str:
+        return child.popen.lost or super().exit_text(child)
+
+    def host_pid(self, child: Child) -> None:
+        return None  # the process runs in an actor, maybe on another node
+
+
+class RayLauncher(Launcher):
+    """The single launcher, with processes placed by Ray instead of started here."""
+
+    def __init__(self, cfg: LaunchConfig, opts: RayOptions):
+        self.backend: RayProcesses
+        super().__init__(cfg, RayProcesses(opts))
+        self.opts = opts
 
     def run(self) -> int:
         cfg = self.cfg
@@ -316,26 +353,27 @@ class RayLauncher(Launcher):
             if placed is None:
                 self._log("hetrain: stop requested before the job was placed; relaunch to run it")
                 return EXIT_STOPPED
+            self.backend.cluster = placed
             self.cfg = replace(cfg, cluster=placed, master_addr=ray.util.get_node_ip_address(), node_rank=None)
             return super().run()
         finally:
-            for a in self.actors:
+            for a in self.backend.actors:
                 try:
                     ray.kill(a)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
-            if self.pg is not None:
+            if self.backend.pg is not None:
                 try:
-                    remove_placement_group(self.pg)  # the GPUs go back to the cluster
+                    remove_placement_group(self.backend.pg)  # the GPUs go back to the cluster
                 except Exception:  # noqa: BLE001
                     pass
 
     def _reserve(self, ray, placement_group, placement_group_table) -> ClusterSpec | None:
         cfg = self.cfg
         resources = ray.cluster_resources()
-        bundles, self.bundle_of = machine_bundles(cfg.cluster, cfg.comm.mode, self.opts, resources)
-        self.pg = placement_group(bundles, strategy=self.opts.strategy, name=f"hetrain-{self.job_id}")
-        ready_ref, deadline = self.pg.ready(), time.monotonic() + self.opts.reserve_timeout_s
+        bundles, self.backend.bundle_of = machine_bundles(cfg.cluster, cfg.comm.mode, self.opts, resources)
+        self.backend.pg = placement_group(bundles, strategy=self.opts.strategy, name=f"hetrain-{self.job_id}")
+        ready_ref, deadline = self.backend.pg.ready(), time.monotonic() + self.opts.reserve_timeout_s
         ready = []
         while not ready and time.monotonic() < deadline and not STOP_REQUESTED.is_set():
             ready, _ = ray.wait([ready_ref], timeout=0.5)
@@ -345,47 +383,23 @@ class RayLauncher(Launcher):
             raise UserError(f"the Ray cluster did not grant this job's resources within {self.opts.reserve_timeout_s:.0f}s: "
                             f"asked for {bundles} ({self.opts.strategy}); available now: "
                             f"{ {k: v for k, v in ray.available_resources().items() if not k.startswith('node:')} }")
-        table = placement_group_table(self.pg)
+        table = placement_group_table(self.backend.pg)
         ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         by_bundle = table["bundles_to_node_id"]
         machines = []
         for m in cfg.cluster.machines:
-            if m.name in self.bundle_of:
-                addr = ip[by_bundle[self.bundle_of[m.name]]]
-                self.node_ip_of[m.name] = addr
+            if m.name in self.backend.bundle_of:
+                addr = ip[by_bundle[self.backend.bundle_of[m.name]]]
+                self.backend.node_ip_of[m.name] = addr
                 m = m.model_copy(update={"address": addr, "node": 0})
             else:
                 m = m.model_copy(update={"node": 0})
             machines.append(m)
-        nodes = sorted({by_bundle[i] for i in self.bundle_of.values()})
-        self._log(f"hetrain: Ray placement group {self.pg.id.hex()[:8]}: {len(bundles)} bundles on {len(nodes)} "
-                  f"node(s) ({', '.join(sorted(set(self.node_ip_of.values())))})")
+        nodes = sorted({by_bundle[i] for i in self.backend.bundle_of.values()})
+        self._log(f"hetrain: Ray placement group {self.backend.pg.id.hex()[:8]}: {len(bundles)} bundles on {len(nodes)} "
+                  f"node(s) ({', '.join(sorted(set(self.backend.node_ip_of.values())))})")
         return cfg.cluster.model_copy(update={"machines": tuple(machines),
                                               "network": cfg.cluster.network.model_copy(update={"emulate": "none"})})
-
-    def _spawn(self, p: Proc, args: list[str], env: dict[str, str]):
-        ray = import_ray()
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        if self._actor_cls is None:
-            self._actor_cls = ray.remote(max_concurrency=4)(_RankProcess)
-        opts = {"num_cpus": self.opts.cpus_per_process, "max_restarts": 0,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    self.pg, placement_group_bundle_index=self.bundle_of[p.machine.name])}
-        if uses_gpu(self.cfg.cluster, p.machine):
-            if self.opts.gpu_resource == "GPU":
-                opts["num_gpus"] = 1  # Ray then sets CUDA_VISIBLE_DEVICES for the process
-            else:
-                opts["resources"] = {self.opts.gpu_resource: 1.0}
-        actor = self._actor_cls.options(**opts).remote()
-        self.actors.append(actor)
-        return RemoteProcess(ray, actor, actor.start.remote(args, env, os.getcwd()), self.node_ip_of[p.machine.name])
-
-    def _signal(self, child: Child, signum: int) -> None:
-        child.popen.signal_group(signum)
-
-    def _exit_text(self, child: Child) -> str:
-        return child.popen.lost or super()._exit_text(child)
 
 
 def launch_on_ray(cfg: LaunchConfig, opts: RayOptions) -> int:

@@ -54,7 +54,7 @@ import torch.distributed as dist
 
 from ..errors import UserError
 from ..runtime.context import init as _join
-from ..runtime.launcher import EXIT_RESIZE, EXIT_STOPPED
+from ..runtime.launch import EXIT_RESIZE, EXIT_STOPPED
 from ..runtime.rounds import COMMITS, RESIZE
 from .checkpoint import CommitStore, dumps, loads
 
