@@ -56,6 +56,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._passes = [0] * len(self._named)  # backward passes seen per parameter this step
         self._batch_size = 1
+        self._total: int | None = None  # every worker's batch together this step, when the loader knows it
+        self._size_set = False  # set_batch_size() since the last step: zero_grad() starts the step
         self.engine = engine()
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
             check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
@@ -109,7 +111,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return  # accumulate locally; the exchange happens on the last pass
         if not self.engine.in_flight:
             if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True,
-                                     total=getattr(self, "_total", None)):
+                                     total=self._total):
                 self._armed = False
                 return
         if self.engine.is_ready(i):
@@ -142,7 +144,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
             if not self.engine.begin(self._named, weight=self._batch_size, overlapped=True,
-                                     total=getattr(self, "_total", None)):
+                                     total=self._total):
                 self._armed = False
 
     def synchronize(self) -> None:
@@ -162,7 +164,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.engine.in_flight:  # overlap: most partitions are already on their way
             self.engine.finish([t for _, t in named])
         else:
-            self.engine.push_pull(named, weight=self._batch_size, total=getattr(self, "_total", None))
+            self.engine.push_pull(named, weight=self._batch_size, total=self._total)
         self._passes = [0] * len(self._named)
         self._synced = True
         self._size_set = False
@@ -202,10 +204,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._armed = self.overlap
         self._synced = False
         self._passes = [0] * len(self._named)
-        if self._armed and getattr(self, "_size_set", False) and not self.engine.in_flight:
+        if self._armed and self._size_set and not self.engine.in_flight:
             # the batch size is known (BalancedLoader sets it before the loop's zero_grad):
             # start the step header now, so it runs during forward
-            self.set_batch_size(self._batch_size, getattr(self, "_total", None))
+            self.set_batch_size(self._batch_size, self._total)
         self._size_set = False
 
     def state_dict(self):
