@@ -239,15 +239,16 @@ def median_spread(spreads, skip: int) -> float:
 
 # ---- who is worth a share, and how to split: the two balancing strategies --------------
 
-def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1) -> np.ndarray:
+def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1) -> np.ndarray:
     """Which workers make the step faster by taking part (bool per worker).
 
     A worker given even `min_samples` costs the step its fixed part plus those samples;
     when that alone ends later than the step would without it (a straggler too slow to
     help, or a device whose fixed cost exceeds the others' whole step), its best share
     is zero. Workers are dropped one at a time, slowest minimum first, while dropping
-    lowers the predicted step (max over the workers with samples) and the rest still
-    hold the batch; a dropped worker rejoins as soon as the fits say it helps (the
+    shortens the predicted step (max over the workers with samples) by more than
+    `margin` (fits are noisy: a worker is not sent away for a predicted 1%) and the rest
+    still hold the batch; a dropped worker rejoins as soon as the fits say it helps (the
     caller solves again with new fits)."""
     fixed = np.where(np.isfinite(np.asarray(fixed, dtype=float)), np.asarray(fixed, dtype=float), 0.0)
     per = np.asarray(per_sample, dtype=float)
@@ -271,7 +272,7 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
         if int(np.minimum(caps[trial], global_batch).sum()) < global_batch:
             continue
         t = step(trial)
-        if t < best * (1 - 1e-9):
+        if t < best * (1 - margin):
             keep, best = trial, t
         else:
             break

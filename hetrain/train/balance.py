@@ -47,7 +47,10 @@ class BalanceConfig:
     policy: Literal["measured", "equal"] = "measured"  # equal: fixed equal shares (capped by memory), still measured
     window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
     recent: int = 5  # the level follows the median over the last `recent` steps (two outliers do not move shares)
-    every: int = 1  # re-balance every `every` steps
+    # exchange fits and re-balance every `every` steps (equal shares: every `window` steps,
+    # for the metrics only). Each exchange is a collective, which on a loaded or 1-core
+    # worker costs a thread hand-off per step; 2 halves that, shares follow a step later
+    every: int = 2
     overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
     reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
@@ -260,15 +263,15 @@ class Balancer:
         micro_caps = np.where(self.caps >= micro, int(total), 0)
         args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed, min_samples=self.cfg.min_samples,
                     labels=self.labels, memory_per_sample=self.cfg.memory_per_sample)
-        if self.cfg.strategy != "auto" or not measured:
+        if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
+            # (an epoch's last partial batch keeps the strategy chosen for the full ones)
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
         else:
             une = plan_step(int(total), fixed, per, caps, strategy="unequal", **args)
             acc = plan_step(int(total), fixed, per, caps, strategy="accumulate", **args)
             cur, other = (une, acc) if self.strategy == "unequal" else (acc, une)
             plan = other if other.predicted < 0.95 * cur.predicted else cur
-            if int(total) == self.global_batch:
-                self.strategy = plan.strategy
+            self.strategy = plan.strategy
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
         return plan
@@ -283,12 +286,18 @@ class Balancer:
         then holds the extra numbers of that earlier step (`rows_step` says which), or
         None when no exchange has completed yet."""
         self.step += 1
-        fixed, per = self.model.fit()
-        row = np.array([fixed, per, *extra], dtype=np.float64)
         if not self.lockstep:
-            self.rows, self.rows_step = row[None, 2:], self.step
+            fixed, per = self.model.fit()
+            self.rows, self.rows_step = np.array([[*extra]], dtype=np.float64), self.step
             self.history.append(self.sizes.copy())
             return self.sizes
+        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
+            self.rows = None
+            self._complete_pending()
+            self.history.append(self.sizes.copy())
+            return self.sizes
+        fixed, per = self.model.fit()
+        row = np.array([fixed, per, *extra], dtype=np.float64)
         wait = self._gather(row)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -299,22 +308,33 @@ class Balancer:
         self.history.append(self.sizes.copy())
         return self.sizes
 
+    @property
+    def exchange_every(self) -> int:
+        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
+        return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns
         its extra numbers (None if there was none). A collective like `update`."""
         self.rows = None
-        if self._pending is not None:
-            (wait, step), self._pending = self._pending, None
-            self._apply(wait(), step)
+        if self._complete_pending():
             self.history[-1] = self.sizes.copy()
         return self.rows
 
+    def _complete_pending(self) -> bool:
+        if self._pending is None:
+            return False
+        (wait, step), self._pending = self._pending, None
+        self._apply(wait(), step)
+        return True
+
     def _apply(self, rows: np.ndarray, step: int) -> None:
         self.rows, self.rows_step = rows[:, 2:], step
-        if step % self.cfg.every == 0:
-            self.fits = rows[:, :2].copy()
-            self.plan = self.plan_for(self.global_batch)
-            self.sizes = self.plan.sizes
+        if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
+            return  # equal shares do not depend on the fits: nothing to solve
+        self.fits = rows[:, :2].copy()
+        self.plan = self.plan_for(self.global_batch)
+        self.sizes = self.plan.sizes
 
     def predicted(self, sizes=None) -> np.ndarray:
         """Predicted compute seconds per worker for `sizes` (default: this step's)."""

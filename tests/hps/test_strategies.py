@@ -27,7 +27,7 @@ def test_a_worker_too_slow_to_help_gets_no_share():
 def test_zero_share_worker_leaves_the_step_and_rejoins():
     """The other worker reports a huge fixed part: it leaves (share 0); when its fit says
     it helps again it rejoins."""
-    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False),
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
                  gather=_fake_gather([np.inf, 5, 0, 0, 1], [1.0, 0.001], [0.0, 0.002]), num_workers=2)
     assert b.sizes.tolist() == [50, 50]
     b.record(50, 0.1)  # this worker: 2 ms per sample
