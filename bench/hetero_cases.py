@@ -6,10 +6,10 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             interleaved repeats of hetrain's samples/s / DDP's in the same repeat.
   uneven    worker 1 runs `SLOW` extra forward passes (real compute, backward once):
             DDP (equal shares), hetrain "unequal" (local batches by speed) and
-            "accumulate" (equal micro-batches, a count per worker). The ideal comes from
-            the workers' speeds measured inside the interleaved hetrain runs (forward +
-            backward per sample; a separate all-workers-at-once measurement at the start
-            is recorded beside it, `per_sample_s_alone`): DDP's measured step minus the compute that
+            "accumulate" (equal micro-batches of MICRO, a count per worker). The ideal
+            comes from the workers' speeds measured in each repeat just before its runs
+            (forward+backward alone, all workers at once; the speeds seen inside
+            hetrain's runs are recorded beside, `per_sample_s_in_run`): DDP's measured step minus the compute that
             perfect balancing saves (max_i b/n·p_i − B/Σ 1/p_i), so exchange and
             overheads stay DDP's. `balanced_over_ideal` = (hetrain/DDP − 1) / (ideal − 1).
   accuracy  test accuracy after the same samples vs one process on the same global
@@ -30,6 +30,7 @@ from hetrain.train.sampler import GlobalBatchSampler
 MODELS = ("mlp", "cnn", "transformer")
 SLOW = 3  # extra forward passes on the slow worker (about 2x its forward+backward)
 TARGET = 0.85
+MICRO = 64  # accumulate's micro-batch: 8 per global batch of 512
 
 
 def _sps(run: dict, gb: int, skip: int) -> float:
@@ -95,15 +96,17 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                    "hetrain_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_h])),
                    "ratio_repeats": ratios}
     out["even_over_ddp"] = float(np.median(ratios))
-    speed = next(r for r in res_uneven["runs"] if r["kind"] == "speed")
-    p = _run_speeds(res_uneven, skip)
-    n = len(p)
-    saved = float(np.max(p * gb / n) - gb / np.sum(1 / p))
+    # each repeat's speeds, measured just before its runs (all workers computing at once)
+    speeds = np.asarray([r["per_sample_s"] for r in _per_repeat(res_uneven, "speed")])
+    n = speeds.shape[1]
+    saved = np.max(speeds * gb / n, axis=1) - gb / np.sum(1 / speeds, axis=1)
     ddp = _per_repeat(res_uneven, "ddp")
     ddp_step = np.asarray([gb / _sps(r, gb, skip) for r in ddp])
     ideal = ddp_step / np.maximum(ddp_step - saved, 1e-9)
-    out["uneven"] = {"per_sample_s": p.tolist(), "per_sample_s_alone": speed["per_sample_s"],
-                     "compute_saved_s": saved, "ideal_over_ddp": float(np.median(ideal)),
+    out["uneven"] = {"per_sample_s": np.median(speeds, axis=0).tolist(),
+                     "per_sample_s_in_run": _run_speeds(res_uneven, skip).tolist(),
+                     "compute_saved_s": float(np.median(saved)), "ideal_over_ddp": float(np.median(ideal)),
+                     "ideal_repeats": ideal.tolist(),
                      "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
     for kind in ("balanced", "accumulate"):
         runs = _per_repeat(res_uneven, kind)
@@ -131,13 +134,15 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
 
 def run_cases(launch, tmp, quick: bool) -> dict:
     """`launch(tag, cluster, worker_args)` runs bench/real_worker.py on a cluster and returns its JSON."""
-    steps, skip, reps = (24, 8, 3) if quick else (60, 15, 5)
+    steps, skip, reps = (18, 6, 5) if quick else (40, 10, 7)
     gb, lr = 512, 0.1
     load0 = os.getloadavg()
     pinned = {"name": "real", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0},
                                             "threads": 1} for i in range(2)]}
-    common = ["--global-batch", str(gb), "--steps", str(steps), "--repeats", str(reps), "--lr", str(lr)]
+    common = ["--global-batch", str(gb), "--steps", str(steps), "--repeats", str(reps), "--lr", str(lr),
+              "--micro-batch", str(MICRO)]
     out: dict = {"steps": steps, "skip": skip, "repeats": reps, "global_batch": gb, "slow_extra_forwards": SLOW,
+                 "micro_batch": MICRO,
                  "cores": len(os.sched_getaffinity(0)), "target_acc": TARGET}
     for model in MODELS:
         print(f"  real {model}: even (hetrain equal shares vs DDP), then uneven", flush=True)

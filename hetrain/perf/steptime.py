@@ -16,6 +16,10 @@ Interface
 - `memory_caps(memory, memory_per_sample, reserved_bytes, limit)`: most samples each
   worker's memory holds.
 - `spread(times, samples)`, `median_spread(spreads, skip)`: how together workers finish.
+- `useful_workers(...)`: who makes the step faster by taking part (a worker whose best
+  share is zero is left out); `plan_unequal`, `plan_accumulate`, `plan_step`: the two
+  balancing strategies (one local batch per worker by speed; equal micro-batches with a
+  count per worker) and the choice between them, as a `StepPlan`.
 
 All times are seconds, sizes are samples; arrays are one entry per worker, in rank order.
 """
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -279,9 +285,10 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
     return keep
 
 
-Strategy = str  # "unequal" | "accumulate" (see `plan_step`)
+Strategy = Literal["unequal", "accumulate"]  # see StepPlan
 
 
+@dataclass(frozen=True)
 class StepPlan:
     """How one step is split: the strategy, each worker's samples and (accumulate) its
     count of micro-batches, and the predicted step time (seconds, compute).
@@ -296,12 +303,11 @@ class StepPlan:
       pays the per-pass fixed cost, so it wins only where memory caps the other.
     """
 
-    def __init__(self, strategy: Strategy, sizes: np.ndarray, micro: int, counts: np.ndarray, predicted: float):
-        self.strategy = strategy
-        self.sizes = sizes
-        self.micro = micro
-        self.counts = counts
-        self.predicted = predicted
+    strategy: Strategy
+    sizes: np.ndarray  # samples per worker (sum: the batch)
+    micro: int  # accumulate: samples per micro-batch (0 for unequal)
+    counts: np.ndarray  # passes per worker (unequal: 1, or 0 for a worker left out)
+    predicted: float  # predicted compute seconds of the step (the slowest worker)
 
     def __repr__(self) -> str:
         return (f"StepPlan({self.strategy}, sizes={self.sizes.tolist()}, micro={self.micro}, "
@@ -349,7 +355,8 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
 
 
 def plan_step(global_batch: int, fixed, per_sample, caps, micro: int = 0, micro_caps=None, pass_fixed=None,
-              strategy: str = "auto", min_samples: int = 1, labels=None, memory_per_sample: float = 0.0) -> StepPlan:
+              strategy: Literal["auto", "unequal", "accumulate"] = "auto", min_samples: int = 1, labels=None,
+              memory_per_sample: float = 0.0) -> StepPlan:
     """The faster of the two strategies for these fits (`strategy="auto"`), or the one
     asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`."""
     if strategy not in ("auto", "unequal", "accumulate"):
