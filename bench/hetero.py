@@ -22,7 +22,7 @@ Five measurements, each a real `hetrain launch` of `bench/hetero_worker.py` (`re
                 forward passes: hetrain's unequal batches and accumulation counts vs DDP
                 vs the ideal from the measured per-worker speeds), accuracy after the
                 same samples vs one process, time to a test accuracy; 3 workers sharing
-                the host's cores beside. The host's load average is recorded.
+                the host's cores beside (full run). The host's load average is recorded.
 
 Honesty notes, printed with the results: straggler and interference use a calibrated
 device model (b samples cost b × c / speed seconds, sleep fills in after the real

@@ -14,7 +14,7 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             overheads stay DDP's. `balanced_over_ideal` = (hetrain/DDP − 1) / (ideal − 1).
   accuracy  test accuracy after the same samples vs one process on the same global
             batches (same seeds), and time to a target accuracy per system.
-Shared cores: 3 workers on the host's cores (MLP), reported beside.
+Shared cores: 3 workers on the host's cores (MLP), reported beside (full run only).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def _run_speeds(res: dict, skip: int) -> np.ndarray:
 
 
 def _per_repeat(res: dict, kind: str) -> list[dict]:
-    return sorted((r for r in res["runs"] if r["kind"] == kind), key=lambda r: r["rep"])
+    return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
 
 
 def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
@@ -134,7 +134,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
 
 def run_cases(launch, tmp, quick: bool) -> dict:
     """`launch(tag, cluster, worker_args)` runs bench/real_worker.py on a cluster and returns its JSON."""
-    steps, skip, reps = (18, 6, 5) if quick else (40, 10, 7)
+    steps, skip, reps = (18, 6, 4) if quick else (40, 10, 7)
     gb, lr = 512, 0.1
     load0 = os.getloadavg()
     pinned = {"name": "real", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0},
@@ -158,6 +158,9 @@ def run_cases(launch, tmp, quick: bool) -> dict:
         case["acc_same_samples"] = last  # the last repeat: same seed as the single process
         case["accumulate_acc_gap_points"] = 100 * abs(last["accumulate"] - single)
         out[model] = case
+    out["host"] = {"cpus": os.cpu_count(), "loadavg_1min_before": load0[0], "loadavg_1min_after": os.getloadavg()[0]}
+    if quick:  # the shared-cores case runs in the full benchmark only (time)
+        return out
     shared = {"name": "shared", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}}
                                              for i in range(3)]}
     print("  real mlp, 3 workers sharing the host's cores", flush=True)

@@ -118,7 +118,7 @@ def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
     mine = torch.tensor([float(np.median(ts[2:])) / b], dtype=torch.float64)
     allp = [torch.zeros_like(mine) for _ in range(nw)]
     dist.all_gather(allp, mine, group=ctx.worker_group)
-    return {"kind": "speed", "per_sample_s": [float(p.item()) for p in allp], "share": b}
+    return {"kind": "speed", "rep": -1, "per_sample_s": [float(p.item()) for p in allp], "share": b}
 
 
 def one_run(a, kind: str, rep: int, ctx, data) -> dict:
