@@ -2,7 +2,8 @@
 
   python bench/hetero.py [--quick] [--json PATH]
 
-Four measurements, each a real `hetrain launch` of `bench/hetero_worker.py`:
+Five measurements, each a real `hetrain launch` of `bench/hetero_worker.py` (`real`: of
+`bench/real_worker.py`):
 
   straggler     speeds {1, 1, 0.5, 0.25}, same model (digits MLP) and global batch:
                 samples/s and time to a test accuracy of hetrain (measured balancing,
@@ -14,12 +15,14 @@ Four measurements, each a real `hetrain launch` of `bench/hetero_worker.py`:
                 step time with and without overlap, beside compute-only and
                 communication-only times.
   quant         bytes per step and final test accuracy for fp32, fp16, int8, int4.
-  real          real compute, no cost model and no sleeps: 3 workers train a width-512
-                digits MLP, worker i repeating its real forward and backward w_i = 1, 2, 4
-                times; hetrain with measured shares, hetrain with equal shares and PyTorch
-                DDP with equal shares, in one run: samples/s and the compute spread per
-                step (slowest worker's compute / fastest's, median over steps after the
-                fits settle). The host's load average is recorded beside the figures.
+  real          real compute, no cost model and no sleeps (bench/real_worker.py,
+                bench/hetero_cases.py): an MLP, a CNN and a small transformer on 2
+                workers with a core each, overlap on for hetrain and PyTorch DDP: even
+                work (hetrain equal shares / DDP), uneven work (a worker slowed by extra
+                forward passes: hetrain's unequal batches and accumulation counts vs DDP
+                vs the ideal from the measured per-worker speeds), accuracy after the
+                same samples vs one process, time to a test accuracy; 3 workers sharing
+                the host's cores beside (full run). The host's load average is recorded.
 
 Honesty notes, printed with the results: straggler and interference use a calibrated
 device model (b samples cost b × c / speed seconds, sleep fills in after the real
@@ -44,6 +47,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "bench" / "hetero_worker.py"
+REAL_WORKER = ROOT / "bench" / "real_worker.py"
 SPEEDS = [1.0, 1.0, 0.5, 0.25]
 
 
@@ -65,12 +69,13 @@ def _cluster(workers, cpus=1, bandwidth=None, netns=False, name="bench"):
     return spec
 
 
-def _launch(tmp: Path, tag: str, cluster: dict, mode: str, worker_args: list[str], flags=(), limit=900) -> dict:
+def _launch(tmp: Path, tag: str, cluster: dict, mode: str, worker_args: list[str], flags=(), limit=900,
+            worker: Path = WORKER) -> dict:
     cfile = tmp / f"{tag}.yaml"
     cfile.write_text(yaml.safe_dump(cluster))
     out = tmp / f"{tag}.json"
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(cfile), "--mode", mode,
-           "--run-dir", str(tmp / f"run-{tag}"), *flags, str(WORKER), *worker_args, "--out", str(out)]
+           "--run-dir", str(tmp / f"run-{tag}"), *flags, str(worker), *worker_args, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
@@ -184,95 +189,14 @@ def quant(tmp, q) -> list[dict]:
     return rows
 
 
-def _spread_median(per_rank_times, sizes, skip) -> float:
-    """Median over steps (after `skip`) of max/min per-rank time over the ranks with samples."""
-    t = np.asarray(per_rank_times, dtype=float).T  # steps x ranks
-    b = np.asarray(sizes, dtype=float)[: len(t)]
-    out = []
-    for k in range(skip, len(t)):
-        v = t[k][(b[k] > 0) & (t[k] > 0)]
-        if len(v):
-            out.append(v.max() / v.min())
-    return float(np.median(out)) if out else float("nan")
+def real(tmp, q) -> dict:
+    """Real compute with overlap on for hetrain and DDP (bench/hetero_cases.py)."""
+    from hetero_cases import run_cases
 
+    def launch(tag, cluster, args):
+        return _launch(tmp, tag, cluster, "allreduce", args, worker=REAL_WORKER, limit=1800)
 
-def real(tmp, q, work=(1, 2, 4), pinned: bool = False) -> dict:
-    """Real compute, no cost model, no sleeps: len(work) workers train a width-W digits MLP;
-    worker i repeats its real forward and backward w_i times (a device w_i times slower in
-    every part of its compute). hetrain with measured shares, hetrain with equal shares
-    (same measurement) and PyTorch DDP with equal shares run interleaved in one launch
-    (mode allreduce: no server processes), so the host's load drifts hit all three alike.
-    `pinned`: every worker gets a core of its own (`threads: 1`), as on a cluster where each
-    worker has its own device; otherwise the workers share the host's cores."""
-    work, width, gb = list(work), 512, 512
-    steps, skip, reps = (30, 12, 2) if q else (50, 16, 3)
-    load_before = os.getloadavg()
-    cl = _cluster([{"speed": 1.0}] * len(work), cpus=0)
-    if pinned:
-        for m in cl["machines"]:
-            m["threads"] = 1
-    args = ["train", "--global-batch", str(gb), "--max-steps", str(steps), "--eval-every", "0",
-            "--repeats", str(reps), "--interleave", "balanced,equal,ddp",
-            "--work", ",".join(map(str, work)), "--width", str(width), "--lr", "0.05"]
-    res = _launch(tmp, "real-pinned" if pinned else "real", cl, "allreduce", args, limit=1800)
-    load_after = os.getloadavg()
-    out = {"work": work, "width": width, "global_batch": gb, "steps": steps, "skip": skip, "repeats": reps,
-           "pinned": pinned, "cores": len(os.sched_getaffinity(0)),
-           "mode": res["mode"], "ideal_speedup": sum(1 / w for w in work) / (len(work) * min(1 / w for w in work)),
-           "host": {"cpus": os.cpu_count(), "loadavg_1min_before": load_before[0], "loadavg_1min_after": load_after[0]}}
-    for kind in ("balanced", "equal", "ddp"):
-        runs = [r for r in res["runs"] if r["kind"] == kind]
-        sps = [_steady_sps(r, gb, skip) for r in runs]
-        # shares as used over the measured steps (mean over steps and repeats): one step's
-        # shares are noisy on a loaded host
-        mean_shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
-        row = {"samples_per_s": float(np.median(sps)), "samples_per_s_repeats": sps,
-               "mean_shares": [round(float(v), 1) for v in mean_shares],
-               "exchange_ms_per_step": float(np.median([1e3 * r.get("loader_exchange_s", 0.0) / max(1, r["steps"])
-                                                        for r in runs])),
-               "final_shares": runs[0]["sizes"][-1], "final_acc": float(np.median([r["final_acc"] for r in runs]))}
-        if kind != "ddp":
-            # the loader's measure (step compute minus exchange), pooled over repeats
-            sp = np.concatenate([np.asarray(r["spreads"][skip:], dtype=float) for r in runs])
-            row["compute_spread"] = float(np.nanmedian(sp))
-            row["compute_spread_p90"] = float(np.nanpercentile(sp, 90))
-            # systematic imbalance: each worker's mean compute per step, slowest / fastest
-            per_rank = [np.mean(np.asarray(r["fwd_bwd_s"])[:, skip:], axis=1) for r in runs]
-            row["mean_fwd_bwd_spread"] = float(np.median([p.max() / p.min() for p in per_rank]))
-            row["fwd_bwd_spread"] = float(np.median([_spread_median(r["fwd_bwd_s"], r["sizes"], skip)
-                                                     for r in runs]))
-        out[kind] = row
-    out["speedup_vs_ddp"] = out["balanced"]["samples_per_s"] / out["ddp"]["samples_per_s"]
-    out["speedup_vs_equal"] = out["balanced"]["samples_per_s"] / out["equal"]["samples_per_s"]
-    # with fewer cores than workers the workers share cores, so the bound is the total
-    # work per step (sum of w_i b_i), not the slowest worker: equal over balanced shares
-    w = np.asarray(work, dtype=float)
-    out["core_sharing_bound"] = float(w @ np.asarray(out["equal"]["mean_shares"]) /
-                                      (w @ np.asarray(out["balanced"]["mean_shares"])))
-    return out
-
-
-def _real_table(r: dict) -> None:
-    where = ("each worker pinned to a core of its own" if r.get("pinned") else
-             f"{len(r['work'])} workers sharing {r['cores']} cores")
-    print(f"== real compute (width-{r['width']} MLP, global batch {r['global_batch']}, work {r['work']}, mode "
-          f"{r['mode']}, {r['repeats']} interleaved repeats x {r['steps']} steps, medians after step {r['skip']}; "
-          f"{where}; host: {r['host']['cpus']} CPUs, 1-min load {r['host']['loadavg_1min_before']:.1f} -> "
-          f"{r['host']['loadavg_1min_after']:.1f}) ==")
-    print(f"{'run':<26}{'samples/s':>11}{'spread':>8}{'p90':>7}{'fwd+bwd':>9}{'mean f+b':>10}  mean shares")
-    for k, label in (("balanced", "hetrain measured shares"), ("equal", "hetrain equal shares"),
-                     ("ddp", "PyTorch DDP equal shares")):
-        x = r[k]
-        f = lambda key, d=3: f"{x[key]:.{d}f}" if key in x else "-"  # noqa: E731
-        print(f"{label:<26}{x['samples_per_s']:>11.1f}{f('compute_spread'):>8}{f('compute_spread_p90', 2):>7}"
-              f"{f('fwd_bwd_spread'):>9}{f('mean_fwd_bwd_spread'):>10}  {x['mean_shares']}")
-    bound = ("" if r.get("pinned") or r["cores"] >= len(r["work"]) else
-             f"; with {r['cores']} cores shared by {len(r['work'])} workers the bound is the total work per step: "
-             f"{r['core_sharing_bound']:.2f}x at these mean shares")
-    print(f"balanced / DDP {r['speedup_vs_ddp']:.2f}x, balanced / equal {r['speedup_vs_equal']:.2f}x "
-          f"(ideal with a core per worker {r['ideal_speedup']:.2f}x{bound}). spread: median over steps of the slowest "
-          f"worker's compute / the fastest's (the loader's measure); fwd+bwd: the same for forward+backward alone; "
-          f"mean f+b: each worker's mean forward+backward per step, slowest / fastest. Bar 1.10, goal 1.05")
+    return run_cases(launch, tmp, q)
 
 
 def main(argv=None) -> int:
@@ -302,19 +226,17 @@ def main(argv=None) -> int:
             print("quant: fp32, fp16, int8, int4", flush=True)
             out["quant"] = quant(tmp, a.quick)
         if "real" in todo:
-            print("real: real compute, work 1, 2, 4 (repeated real forward/backward); balanced vs equal vs DDP",
-                  flush=True)
+            print("real: real compute, overlap on: hetrain vs DDP on even and uneven workers (MLP, CNN, "
+                  "transformer)", flush=True)
             out["real"] = real(tmp, a.quick)
-            cores = len(os.sched_getaffinity(0))
-            if cores >= 2:
-                work = [1, 2, 4][:min(3, cores)]
-                print(f"real, a core per worker: work {', '.join(map(str, work))}, each worker pinned (threads: 1)",
-                      flush=True)
-                out["real_pinned"] = real(tmp, a.quick, work=work, pinned=True)
     _table(out)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
         print(f"wrote {a.json}")
+        if "real" in out:
+            from hetero_cases import plot
+
+            plot(out["real"], Path(a.json).with_suffix(".png"))
     return 0
 
 
@@ -351,9 +273,10 @@ def _table(out: dict) -> None:
         for r in out["quant"]:
             print(f"{r['codec']:<7}{r['bytes_per_step']:>12.0f}{r['bytes_ratio']:>8.3f}{r['accuracy']:>10.4f}"
                   f"{r['accuracy_drop_points']:>10.2f}")
-    for key in ("real", "real_pinned"):
-        if key in out:
-            _real_table(out[key])
+    if "real" in out:
+        from hetero_cases import table
+
+        print("\n".join(table(out["real"])))
     for n in out.get("notes", []):
         print("note:", n)
 

@@ -5,8 +5,8 @@ Subcommands:
            equal shares (hetrain), or PyTorch DDP with equal shares; until a target test
            accuracy or for a fixed number of steps; R repeats in one launch (fresh model
            each time); rank 0 writes per-step times, shares, accuracies and every rank's
-           forward/backward times as JSON. `--work 1,2,4` makes worker i repeat its real
-           forward and backward w_i times (a device w_i times slower, real compute).
+           forward/backward times as JSON. (Real-compute comparisons with slow devices:
+           bench/real_worker.py.)
   overlap  a stack of equal Linear layers whose backward costs a calibrated sleep per
            layer; phases compute-only, communication-only, step without and with
            overlap, interleaved R times.
@@ -45,31 +45,11 @@ def acc_of(model, x, y) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def _forward_backward(net, x, y, work: int, scale: float, ddp: bool) -> None:
-    """The step's compute, `work` times over (a device `work` times slower, in real
-    compute: every repetition is a real forward and backward; the gradient is their mean,
-    identical to one pass). DDP all-reduces on the last repetition only."""
-    for k in range(work):
-        last = k == work - 1
-        ctx = net.no_sync() if (ddp and not last) else _Null()
-        with ctx:
-            (F.cross_entropy(net(x), y) * (scale / work)).backward()
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def cmd_train(a) -> dict:
     ctx = hetrain.init()
     rank, nw = hetrain.rank(), hetrain.size()
     machine = ctx.topology.proc(rank).machine
     device = EmulatedDevice(machine.device, machine.name, ctx.env.run_dir, cost_per_sample=a.cost or None)
-    work = int(a.work.split(",")[rank]) if a.work else 1
     xtr, ytr, xte, yte = load_digits_split()
     runs = []
     # --interleave balanced,equal,ddp: every repeat runs each kind once, in turn, so slow
@@ -114,7 +94,8 @@ def cmd_train(a) -> dict:
             tc = time.perf_counter()
             with device.compute(len(x)):
                 if len(x):
-                    _forward_backward(net, x, y, work, len(x) * nw / a.global_batch if ddp else 1.0, ddp)
+                    scale = len(x) * nw / a.global_batch if ddp else 1.0
+                    (F.cross_entropy(net(x), y) * scale).backward()
                 elif ddp:  # DDP needs every rank in the all-reduce
                     (sum(p.sum() for p in net.parameters()) * 0).backward()
             computes.append(time.perf_counter() - tc)
@@ -151,7 +132,7 @@ def cmd_train(a) -> dict:
         if ddp:
             dist.barrier(group=ctx.worker_group)
     return {"runs": runs, "global_batch": a.global_batch, "mode": ctx.comm.mode, "codec": ctx.comm.codec,
-            "workers": [p.machine.name for p in ctx.topology.workers], "work": a.work, "width": a.width,
+            "workers": [p.machine.name for p in ctx.topology.workers], "width": a.width,
             "threads": torch.get_num_threads()}
 
 
@@ -242,7 +223,6 @@ def main(argv=None) -> int:
     t.add_argument("--max-steps", type=int, default=100)
     t.add_argument("--eval-every", type=int, default=5)
     t.add_argument("--repeats", type=int, default=3)
-    t.add_argument("--work", default="", help="per-worker real-work multipliers, e.g. 1,2,4 (default 1 each)")
     t.add_argument("--width", type=int, default=128, help="hidden width (128: the demo's model)")
     t.add_argument("--interleave", default="", help="kinds to alternate in every repeat, e.g. balanced,equal,ddp")
     o = sub.add_parser("overlap")

@@ -14,7 +14,7 @@ from hetrain.cluster import parse_cluster
 from hetrain.comm import p2p
 from hetrain.comm.engine import PushPull, check_tensors
 from hetrain.comm.flatlayout import FlatLayout, balanced_owners
-from hetrain.comm.layout import Manifest
+from hetrain.comm.layout import Entry, Manifest
 from hetrain.comm.partition import plan_for
 from hetrain.comm.protocol import OK, SLOW, ControlInbox, Header, check_header
 from hetrain.comm.staging import HostDirect, HostWork
@@ -304,7 +304,7 @@ def test_all_reduce_buckets_launch_in_one_fixed_order(monkeypatch):
     ts = [torch.randn(300), torch.randn(40, 10), torch.randn(500)]
     orig = [t.clone() for t in ts]
     manifest = Manifest.of([(f"t{i}", t) for i, t in enumerate(ts)])
-    lay = FlatLayout.build(manifest, tr.partitions(manifest.numel))
+    lay = FlatLayout.build(manifest, tr.partitions(manifest))
     assert len(lay.parts) > 3
     s = HostWork(lay)
     s.begin(scale=0.5)
@@ -349,5 +349,6 @@ def test_allreduce_buckets_are_the_same_on_gpu_and_cpu_workers():
     for rank, device in ((0, torch.device("cuda", 0)), (1, torch.device("cpu"))):
         ctx = _fake_ctx(cluster, "allreduce")
         ctx.rank, ctx.device, ctx.worker_group = rank, device, "workers"
-        cuts.append([(p.start, p.length) for p in AllReduceTransport(ctx).partitions(10_000_000)])
+        manifest = Manifest(tuple(Entry(f"w{i}", (2_000_000,)) for i in range(5)))
+        cuts.append([(p.start, p.length) for p in AllReduceTransport(ctx).partitions(manifest)])
     assert cuts[0] == cuts[1] and len(cuts[0]) > 1

@@ -61,7 +61,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
     each worker's batch size (`set_batch_size`, default 1 = equal weights).
 
-    With `overlap=True` (default: the job's `--overlap`), each parameter's gradient is
+    With `overlap=True` (default: the job's `--overlap`; always in mode allreduce, as in
+    PyTorch DDP, whose bucketed all-reduce runs during backward), each parameter's gradient is
     pushed as soon as backward has accumulated it, while backward goes on with the
     layers before it; `step()` then only waits for what is still in flight. Call
     `zero_grad()` once per step (it arms the hooks), then `set_batch_size` before
@@ -133,14 +134,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         _check_groups(groups, num_groups, self._named)
         self.set_backward_passes_per_step(backward_passes_per_step)
         self._batch_size = 1
+        self._total: int | None = None  # every worker's batch together this step, when the loader knows it
+        self._size_set = False  # set_batch_size() since the last step: zero_grad() starts the step
         self.engine = engine()
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
             check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
         self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
         self.compression = self._check_compression(compression)
         self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
-        self.overlap = ((self.engine.ctx.comm.overlap if overlap is None else bool(overlap)) and self.sync == "sync"
-                        and self.op != ReduceOp.ADASUM)
+        if overlap is None:  # the job's --overlap; all-reduce jobs overlap by default, as DDP does
+            overlap = self.engine.ctx.comm.overlap or self.engine.ctx.comm.mode == "allreduce"
+        self.overlap = bool(overlap) and self.sync == "sync" and self.op != ReduceOp.ADASUM
         self._armed = False
         self._synced = False  # gradients of this step already exchanged (synchronize())
         self._skip = False
@@ -203,7 +207,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return  # accumulate locally; the exchange happens on the last pass
         if not self.engine.in_flight:
             if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
-                                                             average=self._average, overlapped=True):
+                                                             average=self._average, overlapped=True,
+                                                             total=self._total):
                 self._armed = False
                 return
         if self.engine.is_ready(i):
@@ -238,14 +243,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         self._passes = [0] * len(self._named)  # backward passes seen per parameter this step
 
-    def set_batch_size(self, batch_size: int) -> None:
+    def set_batch_size(self, batch_size: int, total: int | None = None) -> None:
+        """This worker's batch this step; `total`: every worker's together, when known
+        (BalancedLoader passes it), which spares an all-reduce job the step header."""
         self._batch_size = int(batch_size)
+        self._total = None if total is None else int(total)
+        self._size_set = True  # zero_grad() after this starts the step at once
         if self._armed and not self.engine.in_flight:
             # overlap: exchange the step header now, before backward, so the hooks only
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
             if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
-                                                             average=self._average, overlapped=True):
+                                                             average=self._average, overlapped=True,
+                                                             total=self._total):
                 self._armed = False
 
     def _announce(self) -> bool:
@@ -286,13 +296,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.engine.finish([t for _, t in named])
         else:
             named = [(n, self._outgoing(p)) for n, p in self._named]
-            self.engine.push_pull(named, weight=self._batch_size, average=self._average)
+            # a joined worker's shadow exchange (below) runs the step header, so the others
+            # must too: the loader's total only spares it when every worker is training
+            total = None if self._announced else self._total
+            self.engine.push_pull(named, weight=self._batch_size, average=self._average, total=total)
         if self._predivide != 1.0:
             for _, t in named:
                 t.mul_(self._predivide)
         self._passes = [0] * len(self._named)
         self._synced = True
         self._announced = False
+        self._size_set = False
+        self._total = None  # known for one step only
 
     def _shadow_exchange(self) -> None:
         """A joined worker's part in the others' exchange (api/uneven.py): zero gradients
@@ -356,6 +371,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._armed = self.overlap
         self._synced = False
         self._passes = [0] * len(self._named)
+        if self._armed and self._size_set and not self.engine.in_flight:
+            # the batch size is known (BalancedLoader sets it before the loop's zero_grad):
+            # start the step header now, so it runs during forward
+            self.set_batch_size(self._batch_size, self._total)
+        self._size_set = False
 
     def state_dict(self):
         return self._inner.state_dict()

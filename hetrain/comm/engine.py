@@ -28,7 +28,7 @@ from .flatlayout import FlatLayout
 from .group import Group
 from .layout import Manifest
 from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
-from .staging import HostDirect, HostWork, Staging
+from .staging import HostDirect, HostInPlace, HostWork, Staging
 from .transport import AllReduceTransport, Arrival, HierarchicalTransport, make_transport
 from .wire import wire_codecs
 
@@ -61,6 +61,24 @@ class _Step:
     weight: int = 0
     average: bool = True
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
+
+
+class _LazyScale:
+    """This worker's factor b_i / Σb (1 to sum), known once the step header is in:
+    calling it waits for the header (the first time only) and checks it."""
+
+    def __init__(self, wait, weight: int, average: bool):
+        self.wait, self.weight, self.average = wait, weight, average
+        self.value: float | None = None
+        self.total = -1
+
+    def __call__(self) -> float:
+        if self.value is None:
+            self.total = self.wait()
+            if self.average and self.total == 0:
+                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
+            self.value = (self.weight / self.total) if self.average else 1.0
+        return self.value
 
 
 def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull",
@@ -114,13 +132,15 @@ class PushPull:
         self._step: _Step | None = None
 
     # ---- public -------------------------------------------------------------------------
-    def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True) -> None:
+    def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
+                  total: int | None = None) -> None:
         """Replace each tensor, in place, by the weighted average (or sum) over workers.
 
         `named` is in priority order: first = sent first (the input-side layers, needed
-        first by the next forward pass). `weight` is this worker's batch size.
+        first by the next forward pass). `weight` is this worker's batch size; `total`,
+        when known, Σ of every worker's (see `begin`).
         """
-        if not self.begin(named, weight, average):
+        if not self.begin(named, weight, average, total=total):
             return
         order = range(len(named))
         if self.ctx.comm.overlap:  # same order as backward, which the servers expect
@@ -130,7 +150,7 @@ class PushPull:
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
-              overlapped: bool = False, arrival: Arrival | None = None) -> bool:
+              overlapped: bool = False, arrival: Arrival | None = None, total: int | None = None) -> bool:
         """Start a push_pull whose tensors will be handed over one by one with `ready`
         (e.g. from gradient hooks while backward runs) and collected by `finish`.
 
@@ -140,6 +160,13 @@ class PushPull:
         counts as communication and the rest of the transfer time as hidden. `arrival`
         ("forward" or "backward", default: backward when overlapped) is the order in which
         the pieces will be handed over; collectives among workers follow it.
+
+        `total` (all-reduce mode): Σ of every worker's weight this step, when the caller
+        knows it (BalancedLoader agrees on every worker's share). With the layout the
+        workers agreed on, the step then needs no header collective at all, as in DDP:
+        each worker scales by weight / total and the buckets are its only collectives.
+        Only a tensor list that changes on one worker mid-job is not named then (its
+        collectives fail or time out instead of the mismatch message of a header).
         """
         if self._step is not None:
             raise UserError("push_pull.begin() called while another push_pull is in flight; call finish() first")
@@ -158,14 +185,21 @@ class PushPull:
             self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
             return False
         weight = int(weight)
-        control, total = None, -1
+        control, agreed_total = None, -1
         if isinstance(self.transport, AllReduceTransport):  # workers scale their own share
-            total = self.protocol.header(manifest, weight)
-            if average and total == 0:
-                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
-            scale = (weight / total) if average else 1.0
+            digest = manifest.digest()
+            if total is not None and average and digest == self.protocol.digest:
+                if total < 1 or weight > total:
+                    raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
+                scale = weight / total  # the agreed layout and a known total: no header
+            elif device.type == "cpu" and digest == self.protocol.digest:
+                wait = self.protocol.header_start(manifest, weight, digest)
+                # the agreed layout: read the header at the first bucket (it runs meanwhile)
+                scale = _LazyScale(wait, weight, average)
+            else:  # a new layout (or a device staging that scales while filling): agree now
+                scale = _LazyScale(self.protocol.header_start(manifest, weight, digest), weight, average)()
         else:  # the servers weight each machine's push (they learn b_i from the announcement)
-            control, total = self.protocol.announce(manifest, weight, average)
+            control, agreed_total = self.protocol.announce(manifest, weight, average)
             # several workers on a machine add b_l·g_l locally; the servers divide by Σb
             scale = float(weight if average else 1) if isinstance(self.transport, HierarchicalTransport) else 1.0
         staging = self._staging_for(device)
@@ -174,7 +208,7 @@ class PushPull:
         t1 = time.perf_counter()
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
-                           control=control, manifest=manifest, weight=weight, average=average, total=total)
+                           control=control, manifest=manifest, weight=weight, average=average, total=agreed_total)
         return True
 
     def ready(self, index: int, tensor: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
@@ -212,6 +246,7 @@ class PushPull:
                     self.ready(i, t)
             if st.control is not None:
                 st.total = self.protocol.answers(st.control, st.manifest, st.weight)
+            st.staging.resolve()  # all-reduce: the step header is checked even with no bucket
             self.transport.finish()
             st.staging.complete(tensors)
             if st.average and st.total == 0:
@@ -252,7 +287,7 @@ class PushPull:
     def _new_layout(self, manifest: Manifest) -> None:
         """Every rank agreed on a new layout: derive its partitions, codecs and pushers."""
         ctx = self.ctx
-        parts = self.transport.partitions(manifest.numel)
+        parts = self.transport.partitions(manifest)
         if len(parts) >= MAX_PARTITIONS:
             raise UserError(f"{len(parts)} partitions per step is more than hetrain supports ({MAX_PARTITIONS}); "
                             "raise --partition-bytes")
@@ -270,7 +305,8 @@ class PushPull:
             if device.type == "cuda":
                 st = self._cuda_staging(layout, device)
             else:
-                st = HostDirect(layout) if self.transport.direct else HostWork(layout)
+                st = (HostDirect(layout) if self.transport.direct else
+                      HostInPlace(layout) if isinstance(self.transport, AllReduceTransport) else HostWork(layout))
             self._stagings[device] = st
         return st
 

@@ -116,3 +116,42 @@ def bytes_per_server(parts: list[Partition], num_servers: int, itemsize: int = 4
     for p in parts:
         out[p.server] += p.length * itemsize
     return out
+
+
+def plan_buckets(numels, first_elems: int, cap_elems: int) -> list[Partition]:
+    """All-reduce buckets of a model whose tensors have `numels` elements (manifest order:
+    input side first), as PyTorch DDP's reducer cuts them (torch/csrc/distributed/c10d/
+    reducer.cpp, compute_bucket_assignment_by_size): tensors are walked in the order
+    backward makes their gradients (the reverse of the manifest), a bucket closes at whole
+    tensors once it holds `first_elems` (the first bucket: small, so the first all-reduce
+    starts early in backward) or `cap_elems` (every later one). Unlike DDP, a tensor larger
+    than the cap is cut into cap-sized pieces, so no bucket is larger than the cap and a
+    huge embedding does not wait whole.
+
+    A function of the tensors' sizes and the two caps only, never of the local device, so
+    every worker of a job derives the same buckets. Partitions are returned in flat order
+    (pid = position in the buffer); backward order is the reverse."""
+    pieces: list[tuple[int, int]] = []  # (start, length), walked from the end
+    bounds = np.concatenate([[0], np.cumsum(np.asarray(list(numels), dtype=np.int64))])
+    cap = max(1, int(first_elems))
+    open_start = open_end = int(bounds[-1])
+    for i in range(len(bounds) - 2, -1, -1):
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        if b - a > cap_elems:  # too big for any bucket: close the open one, cut this tensor
+            if open_end > open_start:
+                pieces.append((open_start, open_end - open_start))
+                cap = max(1, int(cap_elems))
+            for hi in range(b, a, -cap_elems):
+                lo = max(a, hi - cap_elems)
+                pieces.append((lo, hi - lo))
+            open_start = open_end = a
+            continue
+        open_start = a
+        if open_end - open_start >= cap:
+            pieces.append((open_start, open_end - open_start))
+            open_end = open_start
+            cap = max(1, int(cap_elems))
+    if open_end > open_start:
+        pieces.append((open_start, open_end - open_start))
+    pieces.reverse()
+    return [Partition(pid, 0, start, length) for pid, (start, length) in enumerate(pieces) if length > 0]

@@ -48,11 +48,23 @@ class Header:
 def exchange_header(*, digest: int = 0, weight: int = 0, stop: bool = False, numel: int = 0,
                     is_worker: bool, conflict: int = 0, group=None) -> Header:
     """All-reduce the header over `group` (default: every rank of the job)."""
+    return start_header(digest=digest, weight=weight, stop=stop, numel=numel, is_worker=is_worker,
+                        conflict=conflict, group=group)()
+
+
+def start_header(*, digest: int = 0, weight: int = 0, stop: bool = False, numel: int = 0,
+                 is_worker: bool, conflict: int = 0, group=None) -> Callable[[], Header]:
+    """Start the header's all-reduce; the returned `wait()` gives the Header."""
     w = 1 if is_worker else 0
     t = torch.tensor([digest * w, digest * digest * w, weight * w, int(stop) * w, w, numel * w, conflict],
                      dtype=torch.int64)
-    dist.all_reduce(t, group=group)
-    return Header(*(int(x) for x in t.tolist()))
+    work = dist.all_reduce(t, group=group, async_op=True)
+
+    def wait() -> Header:
+        work.wait()
+        return Header(*(int(x) for x in t.tolist()))
+
+    return wait
 
 
 def check_header(h: Header, n_workers: int, manifest: Manifest | None, n_servers: int = 1,
@@ -264,13 +276,33 @@ class Announcer:
 
     def header(self, manifest: Manifest, weight: int) -> int:
         """The global step header (every rank): new layouts, mismatches and stops."""
+        return self.header_start(manifest, weight)()
+
+    def header_start(self, manifest: Manifest, weight: int, digest: int | None = None) -> Callable[[], int]:
+        """Start the step header; `wait()` checks it and returns Σweight. A worker whose
+        layout is the agreed one may start it and go on (all-reduce mode: the header then
+        runs during forward and is read at the first bucket); the check, and a new
+        layout, happen at `wait()` on every rank alike, before any bucket of the step."""
         ctx, g = self.ctx, self.group
         where = "exchanging the step header" + (f" of {g.describe()}" if g is not None else "")
+        peers = [r for r in g.ranks if r != ctx.rank] if g is not None else []
         try:
-            h = exchange_header(digest=manifest.digest(), weight=weight, numel=manifest.numel, is_worker=True,
-                                group=g.gloo if g is not None else ctx.host_group)
+            pending = start_header(digest=digest or manifest.digest(), weight=weight, numel=manifest.numel,
+                                   is_worker=True, group=g.gloo if g is not None else ctx.host_group)
         except RuntimeError as err:
-            raise ctx.peer_error(where, [r for r in g.ranks if r != ctx.rank] if g is not None else [], err) from None
+            raise ctx.peer_error(where, peers, err) from None
+
+        def wait() -> int:
+            try:
+                h = pending()
+            except RuntimeError as err:
+                raise ctx.peer_error(where, peers, err) from None
+            return self._agree(h, manifest)
+
+        return wait
+
+    def _agree(self, h: Header, manifest: Manifest) -> int:
+        g = self.group
         self._check(h, manifest)
         if h.digest != self.digest:
             exchange_manifests(manifest, g.gloo if g is not None else ctx.host_group)

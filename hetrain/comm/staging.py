@@ -84,6 +84,10 @@ class Staging:
         """stage_out calls whose bytes out_ready has not returned yet."""
         return len(self._out)
 
+    def resolve(self) -> float:
+        """The scale of this step (work stagings that learn it late wait for it here)."""
+        return self.scale
+
     def in_event(self, pid: int):
         """What a device collective on the work buffer must wait for after stage_in (None: nothing)."""
         return None
@@ -259,3 +263,95 @@ class HostWork(WorkStaging):
             if self.targets.get(i, 0) is None:  # not contiguous: written whole at the end
                 a, b = self.layout.tensor_range(i)
                 t.copy_(self.work[a:b].view_as(t))
+
+
+class HostInPlace(Staging):
+    """Host tensors all-reduced where they lie (DDP's `gradient_as_bucket_view` without
+    re-pointing the user's `.grad`): a bucket inside one contiguous fp32 tensor is scaled
+    in place and all-reduced on that tensor's own memory, so the common case (a bucket per
+    large weight) costs no copy and no buffer. A bucket of several tensors (the small ones:
+    biases, norms) goes through a buffer of its own, allocated once per layout, so memory
+    beyond the model is the size of those buckets, not a copy of every gradient."""
+
+    def __init__(self, layout: FlatLayout):
+        super().__init__(layout)
+        if layout.wire is not None:  # pragma: no cover - all-reduce carries fp32 only
+            raise ValueError("in-place staging carries fp32 gradients only (codecs need summation servers)")
+        self.buffers: dict[int, torch.Tensor] = {
+            pid: torch.empty(p.length, dtype=torch.float32)
+            for pid, p in enumerate(layout.parts) if len(layout.spans[pid]) > 1}
+
+    def begin(self, scale=1.0) -> None:
+        """`scale`: a number, or a callable giving it (b_i / Σb once the step header is in:
+        asked at the first bucket, so the header runs during forward)."""
+        super().begin(1.0)
+        self._scale = scale
+        self.targets: dict[int, torch.Tensor | None] = {}
+        self.storages: set = set()
+
+    def resolve(self) -> float:
+        if callable(self._scale):
+            self._scale = float(self._scale())
+        return self._scale
+
+    def _target(self, i: int, t: torch.Tensor) -> torch.Tensor | None:
+        """The tensor's own memory, where its buckets can be all-reduced in place: not when
+        it is not contiguous fp32, nor when it shares storage with an earlier tensor (tied
+        or viewed buffers: scaling one would scale the other)."""
+        if i not in self.targets:
+            t = t.detach()
+            storage = t.untyped_storage().data_ptr() if t.numel() else None
+            ok = t.is_contiguous() and t.dtype == torch.float32 and (storage is None or storage not in self.storages)
+            self.storages.add(storage)
+            self.targets[i] = t.view(-1) if ok else None
+        return self.targets[i]
+
+    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        flat = self._target(i, t)
+        a = self.layout.bounds[i]
+        src = t.detach().reshape(-1)[lo:hi]
+        for pid, _n in self.layout.touches(a + lo, a + hi):
+            p = self.layout.parts[pid]
+            s, e = max(a + lo, p.start), min(a + hi, p.start + p.length)
+            buf = self.buffers.get(pid)
+            if buf is None and flat is not None:  # in place: scaled where it lies at launch
+                continue
+            if buf is None:  # a bucket in one tensor that cannot be all-reduced where it lies
+                buf = self.buffers[pid] = torch.empty(p.length, dtype=torch.float32)
+            buf[s - p.start: e - p.start].copy_(src[s - a - lo: e - a - lo])
+        done = self._count(i, lo, hi)
+        self._ready.extend(done)
+        return done
+
+    def work_view(self, pid: int) -> torch.Tensor:
+        """The bucket to all-reduce, scaled by b_i / Σb (called once per bucket, at launch)."""
+        view = self.buffers.get(pid)
+        if view is None:
+            (i, lo, hi), = self.layout.spans[pid]
+            a = self.layout.bounds[i]
+            view = self.targets[i][lo - a: hi - a]
+        scale = self.resolve()
+        if scale != 1.0:
+            view.mul_(scale)
+        return view
+
+    def deliver(self, pid: int) -> None:
+        buf = self.buffers.get(pid)
+        if buf is None:
+            return
+        p = self.layout.parts[pid]
+        for i, lo, hi in self.layout.spans[pid]:
+            dst = self.targets.get(i)
+            if dst is not None:
+                a = self.layout.bounds[i]
+                dst[lo - a: hi - a].copy_(buf[lo - p.start: hi - p.start])
+
+    def complete(self, tensors) -> None:
+        for i, t in enumerate(tensors):
+            if self.targets.get(i, 0) is None:  # not contiguous fp32: its buckets were buffered
+                a, b = self.layout.tensor_range(i)
+                pieces = []
+                for pid, _n in self.layout.touches(a, b):
+                    p = self.layout.parts[pid]
+                    pieces.append(self.buffers[pid][max(a, p.start) - p.start: min(b, p.start + p.length) - p.start])
+                t.copy_(torch.cat(pieces).view_as(t))

@@ -30,14 +30,15 @@ from typing import Literal
 import numpy as np
 import torch.distributed as dist
 
-from ..runtime.devices import is_cuda
 from . import p2p
-from .partition import Partition, plan_for, plan_partitions
+from .layout import Manifest
+from .partition import Partition, plan_buckets, plan_for
 from .protocol import part_tag
 from .window import CreditWindow
 
 Arrival = Literal["forward", "backward"]  # the order in which a step's pieces are handed over
 BUCKET_BYTES = 25 * 2**20  # all-reduce bucket (PyTorch DDP's default bucket_cap_mb)
+FIRST_BUCKET_BYTES = 2**20  # the first bucket of a step (DDP's first_bucket_bytes_cap)
 
 
 class Transport:
@@ -180,9 +181,9 @@ class ServerTransport(Transport):
         # --overlap without --credit-bytes: post in backward order, no window (servers sum in that order)
         self.job_unlimited = ctx.comm.overlap and not ctx.comm.credit_bytes
 
-    def partitions(self, numel: int) -> list[Partition]:
+    def partitions(self, manifest: Manifest) -> list[Partition]:
         c = self.ctx.comm
-        return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
+        return plan_for(self.shares, manifest.numel, c.partition_bytes, c.max_lanes)
 
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)
@@ -219,19 +220,19 @@ class AllReduceTransport(Transport):
     @property
     def members(self):
         """The group all-reduced over (the job's workers unless a subgroup was given)."""
-        from .group import job_group
+        if self._group is None:
+            from .group import job_group
 
-        return self._group if self._group is not None else job_group(self.ctx)
+            self._group = job_group(self.ctx)
+        return self._group
 
-    def partitions(self, numel: int) -> list[Partition]:
-        """Buckets where they can overlap something (GPU copies, NCCL, --overlap); one
-        all-reduce of everything for host tensors otherwise, which gloo runs fastest.
-        Every member must cut the same buckets, so the choice comes from the group's
-        devices in the cluster file (any member a GPU), never from this worker's own."""
-        topo = self.ctx.topology
-        gpu = any(is_cuda(topo.proc(r)) for r in self.members.ranks) if topo else self.ctx.device.type == "cuda"
-        buckets = gpu or self.ctx.comm.overlap
-        return plan_partitions(numel, np.ones(1), max(1, BUCKET_BYTES // 4) if buckets else max(1, numel))
+    def partitions(self, manifest: Manifest) -> list[Partition]:
+        """DDP's buckets (comm/partition.py `plan_buckets`): a small first bucket, then
+        BUCKET_BYTES, cut at whole tensors in backward order. The same on every worker
+        whatever its device, overlap or not (a function of the model and the job's
+        constants only), so a GPU worker and a CPU worker issue the same collectives."""
+        return plan_buckets([e.numel for e in manifest.entries], max(1, FIRST_BUCKET_BYTES // 4),
+                            max(1, BUCKET_BYTES // 4))
 
     @property
     def _what(self) -> str:
@@ -300,9 +301,9 @@ class HierarchicalTransport(Transport):
         self.shares = np.array([p.share for p in ctx.topology.servers])
         self.local = list(ctx.local_ranks)
 
-    def partitions(self, numel: int) -> list[Partition]:
+    def partitions(self, manifest: Manifest) -> list[Partition]:
         c = self.ctx.comm
-        return plan_for(self.shares, numel, c.partition_bytes, c.max_lanes)
+        return plan_for(self.shares, manifest.numel, c.partition_bytes, c.max_lanes)
 
     def begin(self, staging, epoch: int, overlapped: bool, arrival: Arrival | None = None) -> None:
         super().begin(staging, epoch, overlapped, arrival)

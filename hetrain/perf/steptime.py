@@ -16,6 +16,10 @@ Interface
 - `memory_caps(memory, memory_per_sample, reserved_bytes, limit)`: most samples each
   worker's memory holds.
 - `spread(times, samples)`, `median_spread(spreads, skip)`: how together workers finish.
+- `useful_workers(...)`: who makes the step faster by taking part (a worker whose best
+  share is zero is left out); `plan_unequal`, `plan_accumulate`, `plan_step`: the two
+  balancing strategies (one local batch per worker by speed; equal micro-batches with a
+  count per worker) and the choice between them, as a `StepPlan`.
 
 All times are seconds, sizes are samples; arrays are one entry per worker, in rank order.
 """
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -34,6 +40,20 @@ class BatchDoesNotFitError(UserError):
 
 
 # ---- the step-time model ----------------------------------------------------------------
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Theil–Sen line (slope: median of pairwise slopes over pairs with distinct x;
+    intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it. Written
+    out because it runs every step of training and scipy's also computes confidence
+    intervals (a t-distribution quantile), which cost milliseconds per call."""
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return float("nan"), float("nan")
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
+    return slope, float(np.median(y) - slope * np.median(x))
+
 
 class StepTimeModel:
     """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
@@ -76,9 +96,7 @@ class StepTimeModel:
         b = np.array([o[0] for o in self.obs], dtype=float)
         t = np.array([o[1] for o in self.obs], dtype=float)
         if self._identifiable(b):
-            from scipy.stats import theilslopes
-
-            slope, intercept = theilslopes(t, b)[:2]
+            slope, intercept = theil_sen(b, t)
             med_t, med_b = float(np.median(t)), float(np.median(b))
             if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
                 self.line = (max(0.0, float(intercept)), float(slope))
@@ -162,11 +180,15 @@ def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 
         return np.clip(np.floor((level - fixed) / per), lo, caps)
 
     low = float(np.min(fixed + per * lo))
-    high = float(np.max(fixed + per * caps)) + 1.0
+    high = float(np.max(fixed + per * caps)) * (1 + 1e-9) + 1e-12  # every worker at its cap: Σ caps ≥ batch
+    slack = 4 * n + 16  # the heap below hands out the last few samples; bisection gets close
     for _ in range(200):  # float bisection; the greedy below makes the result exact anyway
         mid = 0.5 * (low + high)
-        if count(mid).sum() < global_batch:
+        got = count(mid).sum()
+        if got < global_batch:
             low = mid
+            if global_batch - got <= slack:
+                break
         else:
             high = mid
         if high - low <= 1e-12 * max(1.0, abs(high)):
@@ -219,3 +241,136 @@ def median_spread(spreads, skip: int) -> float:
     s = np.asarray(list(spreads)[skip:] if len(spreads) > skip else list(spreads), dtype=float)
     s = s[np.isfinite(s)]
     return float(np.median(s)) if len(s) else float("nan")
+
+
+# ---- who is worth a share, and how to split: the two balancing strategies --------------
+
+def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1) -> np.ndarray:
+    """Which workers make the step faster by taking part (bool per worker).
+
+    A worker given even `min_samples` costs the step its fixed part plus those samples;
+    when that alone ends later than the step would without it (a straggler too slow to
+    help, or a device whose fixed cost exceeds the others' whole step), its best share
+    is zero. Workers are dropped one at a time, slowest minimum first, while dropping
+    shortens the predicted step (max over the workers with samples) by more than
+    `margin` (fits are noisy: a worker is not sent away for a predicted 1%) and the rest
+    still hold the batch; a dropped worker rejoins as soon as the fits say it helps (the
+    caller solves again with new fits)."""
+    fixed = np.where(np.isfinite(np.asarray(fixed, dtype=float)), np.asarray(fixed, dtype=float), 0.0)
+    per = np.asarray(per_sample, dtype=float)
+    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
+    keep = caps > 0
+    if min_samples < 1 or int(caps.sum()) < global_batch:  # nothing forced on anyone / the solver says why not
+        return keep
+
+    def step(mask: np.ndarray) -> float:
+        sizes = solve_shares(global_batch, np.where(mask, fixed, 0), np.where(mask, per, 1.0),
+                             np.where(mask, caps, 0), min_samples)
+        t = predicted_times(sizes, fixed, per)
+        return float(np.max(t[sizes > 0])) if (sizes > 0).any() else float("inf")
+
+    best = step(keep)
+    for i in np.argsort(-(fixed + per * min_samples), kind="stable"):
+        if keep.sum() <= 1 or not keep[i]:
+            continue
+        trial = keep.copy()
+        trial[i] = False
+        if int(np.minimum(caps[trial], global_batch).sum()) < global_batch:
+            continue
+        t = step(trial)
+        if t < best * (1 - margin):
+            keep, best = trial, t
+        else:
+            break
+    return keep
+
+
+Strategy = Literal["unequal", "accumulate"]  # see StepPlan
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one step is split: the strategy, each worker's samples and (accumulate) its
+    count of micro-batches, and the predicted step time (seconds, compute).
+
+    - "unequal": each worker one local batch of its own size; the gradients are averaged
+      weighted by batch size (H-PS). Fine-grained (one sample), so never slower in
+      compute, but a worker's batch is capped by its memory.
+    - "accumulate": every worker runs micro-batches of the same size `micro` and a count
+      of its own, accumulating gradients (IIDP/JABAS's virtual workers): every forward
+      sees the same batch size, as in synchronous SGD, and a fast device's memory caps
+      the micro-batch only, not its share. Coarser (whole micro-batches) and each pass
+      pays the per-pass fixed cost, so it wins only where memory caps the other.
+    """
+
+    strategy: Strategy
+    sizes: np.ndarray  # samples per worker (sum: the batch)
+    micro: int  # accumulate: samples per micro-batch (0 for unequal)
+    counts: np.ndarray  # passes per worker (unequal: 1, or 0 for a worker left out)
+    predicted: float  # predicted compute seconds of the step (the slowest worker)
+
+    def __repr__(self) -> str:
+        return (f"StepPlan({self.strategy}, sizes={self.sizes.tolist()}, micro={self.micro}, "
+                f"counts={self.counts.tolist()}, predicted={self.predicted:.4g}s)")
+
+
+def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
+                 memory_per_sample: float = 0.0) -> StepPlan:
+    """Shares for the unequal-batch strategy, with workers that would not help left out
+    (`labels`, `memory_per_sample`: for the message when the batch does not fit)."""
+    fixed = np.asarray(fixed, dtype=float)
+    per = np.asarray(per_sample, dtype=float)
+    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
+    keep = useful_workers(global_batch, fixed, per, caps, min_samples)
+    sizes = solve_shares(global_batch, fixed, per, np.where(keep, caps, 0), min_samples, labels, memory_per_sample)
+    t = predicted_times(sizes, fixed, per)
+    return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), float(np.max(t[sizes > 0], initial=0.0)))
+
+
+def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps=None, pass_fixed=None,
+                    min_passes: int = 1) -> StepPlan:
+    """Counts of equal micro-batches of `micro` samples (the last one of the step may be
+    smaller when `micro` does not divide the batch): worker i runs k_i passes costing
+    fixed_i + k_i · (pass_fixed_i + micro · per_sample_i); Σ k_i · micro covers the global
+    batch. `micro_caps`: most passes a worker may run (default: no limit); a worker only
+    needs the memory of one micro-batch."""
+    if micro < 1:
+        raise UserError(f"micro-batch must be >= 1 sample, got {micro}")
+    fixed = np.asarray(fixed, dtype=float)
+    per = np.asarray(per_sample, dtype=float)
+    n = len(fixed)
+    units = -(-int(global_batch) // int(micro))
+    pf = np.zeros(n) if pass_fixed is None else np.asarray(pass_fixed, dtype=float)
+    caps = np.full(n, units, dtype=np.int64) if micro_caps is None else np.asarray(micro_caps, dtype=np.int64)
+    per_unit = pf + micro * np.where(np.isfinite(per) & (per > 0), per, np.nanmean(per) if np.isfinite(per).any() else 1.0)
+    keep = useful_workers(units, fixed, per_unit, caps, min_passes)
+    counts = solve_shares(units, fixed, per_unit, np.where(keep, caps, 0), min_passes)
+    sizes = counts * micro
+    extra = int(sizes.sum()) - int(global_batch)  # the step's last micro-batch is short
+    if extra > 0:
+        last = int(np.flatnonzero(counts > 0)[-1])
+        sizes[last] -= extra
+    t = predicted_times(counts, fixed, per_unit)
+    return StepPlan("accumulate", sizes, int(micro), counts, float(np.max(t[counts > 0], initial=0.0)))
+
+
+def plan_step(global_batch: int, fixed, per_sample, caps, micro: int = 0, micro_caps=None, pass_fixed=None,
+              strategy: Literal["auto", "unequal", "accumulate"] = "auto", min_samples: int = 1, labels=None,
+              memory_per_sample: float = 0.0) -> StepPlan:
+    """The faster of the two strategies for these fits (`strategy="auto"`), or the one
+    asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`."""
+    if strategy not in ("auto", "unequal", "accumulate"):
+        raise UserError(f"balancing strategy must be 'auto', 'unequal' or 'accumulate', got {strategy!r}")
+    if strategy == "accumulate" or (strategy == "auto" and micro > 0):
+        acc = plan_accumulate(global_batch, micro, fixed, per_sample, micro_caps, pass_fixed, min(1, min_samples))
+        if strategy == "accumulate":
+            return acc
+    try:
+        une = plan_unequal(global_batch, fixed, per_sample, caps, min_samples, labels, memory_per_sample)
+    except BatchDoesNotFitError:
+        if strategy == "auto" and micro > 0:
+            return acc
+        raise
+    if strategy == "auto" and micro > 0 and acc.predicted < une.predicted * (1 - 1e-9):
+        return acc
+    return une

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..perf.steptime import StepTimeModel, predicted_times, solve_shares
+from ..perf.steptime import StepPlan, StepTimeModel, plan_step, predicted_times
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
@@ -47,11 +47,19 @@ class BalanceConfig:
     policy: Literal["measured", "equal"] = "measured"  # equal: fixed equal shares (capped by memory), still measured
     window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
     recent: int = 5  # the level follows the median over the last `recent` steps (two outliers do not move shares)
-    every: int = 1  # re-balance every `every` steps
+    # exchange fits and re-balance every `every` steps (equal shares: every `window` steps,
+    # for the metrics only). Each exchange is a collective, which on a loaded or 1-core
+    # worker costs a thread hand-off per step; 2 halves that, shares follow a step later
+    every: int = 2
     overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
     reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
-    min_samples: int = 1  # every worker keeps at least this many samples, so its speed stays measurable
+    min_samples: int = 1  # a worker that takes part gets at least this many samples (its speed stays measurable)
+    # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
+    # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
+    # auto: the one the step-time model predicts faster for the measured workers
+    strategy: Literal["auto", "unequal", "accumulate"] = "auto"
+    micro_batch: int = 0  # accumulate's micro-batch (0: global batch / (2 x workers), at least 1)
 
     def __post_init__(self) -> None:
         if self.policy not in ("measured", "equal"):
@@ -66,6 +74,10 @@ class BalanceConfig:
             raise UserError("memory_per_sample and reserved_bytes must be >= 0 bytes")
         if self.min_samples < 0:
             raise UserError("min_samples must be >= 0")
+        if self.strategy not in ("auto", "unequal", "accumulate"):
+            raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
+        if self.micro_batch < 0:
+            raise UserError(f"micro_batch must be >= 0 samples (0: a default), got {self.micro_batch}")
 
 
 def memory_caps(memory, cfg: BalanceConfig, limit: int) -> np.ndarray:
@@ -163,7 +175,10 @@ class Balancer:
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
         self.step = 0
-        self.sizes = self.shares_for(self.global_batch)
+        self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
+        self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
+        self.plan = self.plan_for(self.global_batch)
+        self.sizes = self.plan.sizes
         self.history: list[np.ndarray] = [self.sizes.copy()]
 
     # -- start: memory and devices
@@ -226,16 +241,42 @@ class Balancer:
     def shares_for(self, total: int) -> np.ndarray:
         """Shares of `total` samples (the global batch, or an epoch's last partial batch)
         from the agreed fits; equal (capped) before any measurement. No collective."""
+        return self.plan_for(total).sizes
+
+    def plan_for(self, total: int) -> StepPlan:
+        """How `total` samples are split (`hetrain.perf.steptime.plan_step`): the strategy
+        chosen, each worker's samples and, accumulating, its count of micro-batches.
+
+        With strategy "auto" the faster strategy for the agreed fits is taken, and kept
+        until the other is predicted 5% faster (no flapping on noise). A micro-batch
+        pays the step's fixed part again (kernel launches, Python), so accumulation is
+        predicted slower unless memory caps the unequal batches."""
         fits = self.fits
         known = np.isfinite(fits[:, 1])
-        if self.cfg.policy == "equal" or not known.any():
-            fixed, per = np.zeros(self.n), np.ones(self.n)
-        else:
+        measured = self.cfg.policy != "equal" and known.any()
+        if measured:
             fixed = np.where(known, fits[:, 0], np.mean(fits[known, 0]))
             per = np.where(known, fits[:, 1], np.mean(fits[known, 1]))
+        else:
+            fixed, per = np.zeros(self.n), np.ones(self.n)
         caps = np.minimum(self.caps, total)
-        return solve_shares(int(total), fixed, per, caps, self.cfg.min_samples, self.labels,
-                            self.cfg.memory_per_sample)
+        micro = min(self.micro, int(total))
+        # accumulation only needs one micro-batch in memory: a worker that cannot hold it runs none
+        micro_caps = np.where(self.caps >= micro, int(total), 0)
+        args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed, min_samples=self.cfg.min_samples,
+                    labels=self.labels, memory_per_sample=self.cfg.memory_per_sample)
+        if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
+            # (an epoch's last partial batch keeps the strategy chosen for the full ones)
+            plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
+        else:
+            une = plan_step(int(total), fixed, per, caps, strategy="unequal", **args)
+            acc = plan_step(int(total), fixed, per, caps, strategy="accumulate", **args)
+            cur, other = (une, acc) if self.strategy == "unequal" else (acc, une)
+            plan = other if other.predicted < 0.95 * cur.predicted else cur
+            self.strategy = plan.strategy
+        if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
+            raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
+        return plan
 
     def update(self, extra=()) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
@@ -247,12 +288,18 @@ class Balancer:
         then holds the extra numbers of that earlier step (`rows_step` says which), or
         None when no exchange has completed yet."""
         self.step += 1
-        fixed, per = self.model.fit()
-        row = np.array([fixed, per, *extra], dtype=np.float64)
         if not self.lockstep:
-            self.rows, self.rows_step = row[None, 2:], self.step
+            fixed, per = self.model.fit()
+            self.rows, self.rows_step = np.array([[*extra]], dtype=np.float64), self.step
             self.history.append(self.sizes.copy())
             return self.sizes
+        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
+            self.rows = None
+            self._complete_pending()
+            self.history.append(self.sizes.copy())
+            return self.sizes
+        fixed, per = self.model.fit()
+        row = np.array([fixed, per, *extra], dtype=np.float64)
         wait = self._gather(row)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -263,21 +310,33 @@ class Balancer:
         self.history.append(self.sizes.copy())
         return self.sizes
 
+    @property
+    def exchange_every(self) -> int:
+        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
+        return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns
         its extra numbers (None if there was none). A collective like `update`."""
         self.rows = None
-        if self._pending is not None:
-            (wait, step), self._pending = self._pending, None
-            self._apply(wait(), step)
+        if self._complete_pending():
             self.history[-1] = self.sizes.copy()
         return self.rows
 
+    def _complete_pending(self) -> bool:
+        if self._pending is None:
+            return False
+        (wait, step), self._pending = self._pending, None
+        self._apply(wait(), step)
+        return True
+
     def _apply(self, rows: np.ndarray, step: int) -> None:
         self.rows, self.rows_step = rows[:, 2:], step
-        if step % self.cfg.every == 0:
-            self.fits = rows[:, :2].copy()
-            self.sizes = self.shares_for(self.global_batch)
+        if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
+            return  # equal shares do not depend on the fits: nothing to solve
+        self.fits = rows[:, :2].copy()
+        self.plan = self.plan_for(self.global_batch)
+        self.sizes = self.plan.sizes
 
     def predicted(self, sizes=None) -> np.ndarray:
         """Predicted compute seconds per worker for `sizes` (default: this step's)."""

@@ -91,7 +91,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                  device: torch.device | None = None, drop_last: bool = False,
                  balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
                  memory_per_sample: float = 0.0, reserved_bytes: float = 0.0, logger=None,
-                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None):
+                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None,
+                 strategy: Literal["auto", "unequal", "accumulate"] | None = None, micro_batch: int | None = None):
         if num_samples < 1:
             raise UserError(f"the dataset is empty (0 samples); BalancedLoader needs at least {global_batch}")
         if global_batch < 1:
@@ -118,13 +119,16 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         base = config or BalanceConfig()
         cfg = BalanceConfig(**{**base.__dict__, "policy": balance if lockstep else "equal",
                                "memory_per_sample": memory_per_sample or base.memory_per_sample,
-                               "reserved_bytes": reserved_bytes or base.reserved_bytes})
+                               "reserved_bytes": reserved_bytes or base.reserved_bytes,
+                               "strategy": strategy or base.strategy,
+                               "micro_batch": base.micro_batch if micro_batch is None else micro_batch})
         self.balancer = Balancer(ctx, global_batch, cfg, device=self.device, gather=group.gather, caps=max_samples,
                                  num_workers=group.size, labels=list(group.labels) or None, lockstep=lockstep)
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
+        self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
         self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
         self.last_rows: np.ndarray | None = None
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
@@ -156,10 +160,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self._hook_end = (self._now(), self._stats())
             self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
 
-    def _begin(self, samples: int) -> None:
+    def _begin(self, samples: int, total: int | None = None, passes: int = 1) -> None:
         self._ensure_hook()
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
-            self.optimizer.set_batch_size(samples)
+            self.optimizer.set_batch_size(samples, total=total)
+        if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
+            # accumulating: the exchange starts on this worker's last micro-batch
+            self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
         self._open = (samples, time.perf_counter(), self._stats())
 
@@ -270,11 +277,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                 self._end()
                 pos.step = s  # the step before is over
             batch = order[off + s * gb: off + (s + 1) * gb]
-            sizes = self.balancer.sizes if len(batch) == gb else self.balancer.shares_for(len(batch))
-            bounds = np.concatenate([[0], np.cumsum(sizes)])
+            plan = self.balancer.plan if len(batch) == gb else self.balancer.plan_for(len(batch))
+            bounds = np.concatenate([[0], np.cumsum(plan.sizes)])
             mine = batch[bounds[me]: bounds[me + 1]]
             self._running = s
-            self._begin(len(mine))
+            self.micro = plan.micro if plan.strategy == "accumulate" else 0
+            self._begin(len(mine), int(bounds[-1]), int(-(-len(mine) // self.micro)) if self.micro else 1)
             yield mine
         self._end()
         pos.step = len(self)
@@ -303,6 +311,11 @@ class BalancedLoader:
       preload        copy a TensorDataset to the device once (default: on a GPU, when it
                      takes at most a quarter of the free memory).
       balance        "measured" (default) or "equal" (fixed equal shares, still measured).
+      strategy       "unequal" (one local batch per worker, sizes by speed), "accumulate"
+                     (equal micro-batches of `micro_batch` samples, a count per worker:
+                     gradient accumulation, every forward sees the same batch size), or
+                     "auto" (default): the one the step-time model predicts faster; loop
+                     over `loader.micro_batches(x, y)` to run either.
       config         `BalanceConfig` (window, recent, every, min_samples).
       max_samples    optional per-worker limits on top of memory (0: the worker sits out).
       logger         a `hetrain.train.metrics.StepLogger`: per-step shares, times, bytes
@@ -319,7 +332,8 @@ class BalancedLoader:
                  device: torch.device | str | None = None, preload: bool | None = None,
                  balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
                  logger=None, seed: int = 0, drop_last: bool = False, collate_fn=None,
-                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None):
+                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None,
+                 strategy: Literal["auto", "unequal", "accumulate"] | None = None, micro_batch: int | None = None):
         if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
             dataset = torch.utils.data.TensorDataset(*dataset)
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -361,7 +375,8 @@ class BalancedLoader:
         self.batches = BalancedBatchSampler(len(dataset), global_batch, seed=seed, optimizer=optimizer,
                                             device=self.device, drop_last=drop_last, balance=balance, config=config,
                                             memory_per_sample=memory_per_sample, reserved_bytes=reserved_bytes,
-                                            logger=logger, max_samples=max_samples, group=group, ctx=ctx)
+                                            logger=logger, max_samples=max_samples, group=group, ctx=ctx,
+                                            strategy=strategy, micro_batch=micro_batch)
         if self._tensors is not None and self.device.type != "cpu":
             size = sum(t.numel() * t.element_size() for t in self._tensors)
             if preload is None:
@@ -387,6 +402,30 @@ class BalancedLoader:
     def __iter__(self):
         for idx in self.batches._index_arrays():
             yield self._fetch(idx, self.device)
+
+    def micro_batches(self, *batch):
+        """The passes of this worker's current batch: the batch itself (strategy unequal),
+        or its equal micro-batches (accumulate). A loop written once runs both:
+
+            for x, y in loader:
+                opt.zero_grad()
+                for mx, my in loader.micro_batches(x, y):
+                    (loss_fn(model(mx), my) * len(mx) / len(x)).backward()
+                opt.step()
+
+        (scaling each pass by its part of the local batch keeps the gradient the local
+        mean, which the optimizer weights by the local batch size). An empty share yields
+        nothing: the worker sits the step out and pushes zeros with weight 0."""
+        one = batch[0] if len(batch) == 1 else batch
+        n = len(batch[0]) if batch else 0
+        m = self.batches.micro
+        if n == 0:
+            return
+        if not m or n <= m:
+            yield one
+            return
+        for lo in range(0, n, m):
+            yield tree_map(lambda t: t[lo: lo + m] if isinstance(t, torch.Tensor) else t, one)
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -58,6 +58,34 @@ def test_balanced_loader_overlapped_update_equals_single_process(launch, tmp_pat
     assert abs(int(sizes[-1, 0]) - 13.7) <= 2, sizes
 
 
+ALLREDUCE_THREE = {"name": "t", "machines": [m for m in THREE["machines"] if m["role"] == "worker"]}
+
+
+@pytest.mark.parametrize("strategy", ["unequal", "accumulate"])
+def test_both_strategies_give_the_single_process_update(launch, tmp_path, strategy):
+    """Mode allreduce (in-place buckets overlapped with backward, no step header once the
+    loader knows the total): unequal local batches, and equal micro-batches with a count
+    per worker (gradient accumulation), both give the update one process computes on
+    the same global batches, a last partial batch included."""
+    out = tmp_path / "params"
+    rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), f"--strategy={strategy}", cluster=ALLREDUCE_THREE,
+                        mode="allreduce")
+    assert rc == 0, log
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    order = runs[0]["order"]
+    ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
+    for r, got in enumerate(runs):
+        assert got["strategy"] == strategy
+        for name, want in ref.items():
+            torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
+    sizes = runs[0]["sizes"]
+    assert torch.all(sizes.sum(1) == 24)
+    if strategy == "accumulate":  # whole micro-batches per worker (the last one of a step may be short)
+        micro = runs[0]["micro"]
+        assert micro == 4
+        assert int((sizes % micro != 0).sum(1).max()) <= 1, sizes
+
+
 @pytest.mark.slow
 def test_codec_servers_sum_compressed_pushes(launch, tmp_path):
     """Also runs the --overlap job configuration: partitions posted last-first, servers

@@ -172,7 +172,7 @@ def test_gpu_without_room_for_the_smallest_share_is_a_clear_error():
 
 
 def test_balancer_rebalances_from_fits():
-    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False),
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
                  gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004]), num_workers=2)
     assert list(b.sizes) == [50, 50]
     b.record(50, 0.1)  # this worker: 2 ms per sample; the other reports fixed 0, 4 ms per sample
@@ -181,7 +181,8 @@ def test_balancer_rebalances_from_fits():
 
 
 def test_overlapped_exchange_applies_one_step_later():
-    b = Balancer(None, 100, BalanceConfig(), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 50]), num_workers=2)
+    b = Balancer(None, 100, BalanceConfig(every=1), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 50]),
+                 num_workers=2)
     b.record(50, 0.1)
     b.update(extra=(50,))
     assert list(b.sizes) == [50, 50] and b.rows is None  # the exchange is still in flight

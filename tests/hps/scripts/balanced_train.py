@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 from reference import GLOBAL_BATCH, data, make_model  # noqa: E402
 
 out = Path(sys.argv[1])
-overlap = "--overlap" in sys.argv
+overlap = True if "--overlap" in sys.argv else None  # None: the job's default (on in mode allreduce)
+strategy = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--strategy=")), None)
 ctx = hetrain.init()
 rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine
@@ -26,18 +27,20 @@ device = EmulatedDevice(machine.device, machine.name, cost_per_sample=COST)
 model = make_model()
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
-loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7)
+loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy)
 compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
 for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.zero_grad()
     with device.compute(len(x)):
-        F.cross_entropy(model(x), y).backward()
+        for mx, my in loader.micro_batches(x, y):  # one pass, or equal micro-batches (accumulate)
+            (F.cross_entropy(model(mx), my) * (len(mx) / len(x))).backward()
     compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
     opt.step()
 loader.finish()
 out.mkdir(parents=True, exist_ok=True)
 torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
             "sizes": torch.from_numpy(np.stack(loader.balancer.history)),
+            "strategy": loader.balancer.strategy, "micro": loader.balancer.micro,
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
             "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
             "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST}, out / f"rank{rank}.pt")

@@ -1,0 +1,231 @@
+"""Real-compute cases of `bench/hetero.py`: hetrain against PyTorch DDP, both overlapping
+their bucketed all-reduce with backward, on even and uneven workers (bench/real_worker.py).
+
+Per model (MLP, CNN, small transformer; 2 workers, a core each):
+  even      equal work: hetrain equal shares vs DDP. `even_over_ddp`: median over
+            interleaved repeats of hetrain's samples/s / DDP's in the same repeat.
+  uneven    worker 1 runs `SLOW` extra forward passes (real compute, backward once):
+            DDP (equal shares), hetrain "unequal" (local batches by speed) and
+            "accumulate" (equal micro-batches of MICRO, a count per worker). The ideal
+            comes from the workers' speeds measured in each repeat just before its runs
+            (forward+backward alone, all workers at once; the speeds seen inside
+            hetrain's runs are recorded beside, `per_sample_s_in_run`): DDP's measured step minus the compute that
+            perfect balancing saves (max_i b/n·p_i − B/Σ 1/p_i), so exchange and
+            overheads stay DDP's. `balanced_over_ideal` = (hetrain/DDP − 1) / (ideal − 1).
+  accuracy  test accuracy after the same samples vs one process on the same global
+            batches (same seeds), and time to a target accuracy per system.
+Shared cores: 3 workers on the host's cores (MLP), reported beside (full run only).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetrain.demo.digits import load_digits_split
+from hetrain.train.sampler import GlobalBatchSampler
+
+MODELS = ("mlp", "cnn", "transformer")
+SLOW = 3  # extra forward passes on the slow worker (about 2x its forward+backward)
+TARGET = 0.85
+MICRO = 64  # accumulate's micro-batch: 8 per global batch of 512
+
+
+def _sps(run: dict, gb: int, skip: int) -> float:
+    t = np.asarray(run["times"])
+    return gb * (len(t) - 1 - skip) / (t[-1] - t[skip])
+
+
+def _time_to(run: dict, target: float):
+    return next((t for _s, t, acc in run["accs"] if acc >= target), None)
+
+
+def single_process_acc(model: str, gb: int, steps: int, lr: float, rep: int) -> float:
+    """One process on the same global batches (the loader's order for seed `rep`)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from real_worker import acc_of, make_model
+
+    xtr, ytr, xte, yte = load_digits_split()
+    net = make_model(model, 100 + rep)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    sampler = GlobalBatchSampler(len(xtr), gb, 1, seed=rep)
+    step, epoch = 0, 0
+    while step < steps:
+        order = sampler.order(epoch)
+        for s in range(-(-len(order) // gb)):
+            idx = torch.from_numpy(order[s * gb:(s + 1) * gb])
+            opt.zero_grad()
+            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+            opt.step()
+            step += 1
+            if step >= steps:
+                break
+        epoch += 1
+    return acc_of(net, xte, yte)
+
+
+def _run_speeds(res: dict, skip: int) -> np.ndarray:
+    """Each worker's seconds per sample of forward+backward, measured inside hetrain's
+    balanced runs (interleaved with DDP's, so under the same load; hetrain's backward
+    excludes the wait for the last bucket, which DDP's backward includes): the median
+    over steps and repeats of (forward + backward) / samples."""
+    per = []
+    for r in res["runs"]:
+        if r["kind"] not in ("balanced", "accumulate"):
+            continue
+        ph = np.asarray(r["phases"], dtype=float)[:, skip:, :]  # ranks x steps x (pre, f, b, sync, upd, n)
+        n = ph[:, :, 5]
+        per.append(np.where(n > 0, (ph[:, :, 1] + ph[:, :, 2]) / np.maximum(n, 1), np.nan))
+    return np.nanmedian(np.concatenate(per, axis=1), axis=1)
+
+
+def _per_repeat(res: dict, kind: str) -> list[dict]:
+    return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
+
+
+def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
+    out: dict = {}
+    ev_d, ev_h = _per_repeat(res_even, "ddp"), _per_repeat(res_even, "even")
+    ratios = [_sps(h, gb, skip) / _sps(d, gb, skip) for h, d in zip(ev_h, ev_d)]
+    out["even"] = {"ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_d])),
+                   "hetrain_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_h])),
+                   "ratio_repeats": ratios}
+    out["even_over_ddp"] = float(np.median(ratios))
+    # each repeat's speeds, measured just before its runs (all workers computing at once)
+    speeds = np.asarray([r["per_sample_s"] for r in _per_repeat(res_uneven, "speed")])
+    n = speeds.shape[1]
+    saved = np.max(speeds * gb / n, axis=1) - gb / np.sum(1 / speeds, axis=1)
+    ddp = _per_repeat(res_uneven, "ddp")
+    ddp_step = np.asarray([gb / _sps(r, gb, skip) for r in ddp])
+    ideal = ddp_step / np.maximum(ddp_step - saved, 1e-9)
+    out["uneven"] = {"per_sample_s": np.median(speeds, axis=0).tolist(),
+                     "per_sample_s_in_run": _run_speeds(res_uneven, skip).tolist(),
+                     "compute_saved_s": float(np.median(saved)), "ideal_over_ddp": float(np.median(ideal)),
+                     "ideal_repeats": ideal.tolist(),
+                     "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
+    for kind in ("balanced", "accumulate"):
+        runs = _per_repeat(res_uneven, kind)
+        if not runs:
+            continue
+        gain = np.asarray([_sps(h, gb, skip) / _sps(d, gb, skip) for h, d in zip(runs, ddp)])
+        frac = (gain - 1) / np.maximum(ideal[:len(gain)] - 1, 1e-9)
+        shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
+        out["uneven"][kind] = {"samples_per_s": float(np.median([_sps(r, gb, skip) for r in runs])),
+                               "over_ddp": float(np.median(gain)), "over_ideal": float(np.median(frac)),
+                               "over_ideal_repeats": frac.tolist(), "mean_shares": [round(float(v), 1) for v in shares],
+                               "final_acc": float(np.median([r["final_acc"] for r in runs]))}
+    out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
+    if "accumulate" in out["uneven"]:
+        out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
+    tta = {}
+    for kind in ("ddp", "balanced", "accumulate"):
+        ts = [_time_to(r, TARGET) for r in _per_repeat(res_uneven, kind)]
+        ts = [t for t in ts if t is not None]
+        tta[kind] = float(np.median(ts)) if ts else None
+    out["time_to_acc_s"] = {**tta, "target": TARGET}
+    out["ddp_final_acc"] = float(np.median([r["final_acc"] for r in ddp]))
+    return out
+
+
+def run_cases(launch, tmp, quick: bool) -> dict:
+    """`launch(tag, cluster, worker_args)` runs bench/real_worker.py on a cluster and returns its JSON."""
+    steps, skip, reps = (18, 6, 4) if quick else (40, 10, 7)
+    gb, lr = 512, 0.1
+    load0 = os.getloadavg()
+    pinned = {"name": "real", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0},
+                                            "threads": 1} for i in range(2)]}
+    common = ["--global-batch", str(gb), "--steps", str(steps), "--repeats", str(reps), "--lr", str(lr),
+              "--micro-batch", str(MICRO)]
+    out: dict = {"steps": steps, "skip": skip, "repeats": reps, "global_batch": gb, "slow_extra_forwards": SLOW,
+                 "micro_batch": MICRO,
+                 "cores": len(os.sched_getaffinity(0)), "target_acc": TARGET}
+    for model in MODELS:
+        print(f"  real {model}: even (hetrain equal shares vs DDP), then uneven", flush=True)
+        even = launch(f"real-{model}-even", pinned, ["--model", model, "--kinds", "ddp,even", *common])
+        uneven = launch(f"real-{model}-uneven", pinned,
+                        ["--model", model, "--kinds", "speed,ddp,balanced,accumulate", "--slow", f"0,{SLOW}",
+                         "--eval-every", "5", *common])
+        case = summarize(even, uneven, gb, skip)
+        single = single_process_acc(model, gb, steps, lr, reps - 1)
+        case["single_process_acc"] = single
+        last = {k: next(r for r in uneven["runs"] if r["kind"] == k and r["rep"] == reps - 1)["final_acc"]
+                for k in ("ddp", "balanced", "accumulate")}
+        case["acc_same_samples"] = last  # the last repeat: same seed as the single process
+        case["accumulate_acc_gap_points"] = 100 * abs(last["accumulate"] - single)
+        out[model] = case
+    out["host"] = {"cpus": os.cpu_count(), "loadavg_1min_before": load0[0], "loadavg_1min_after": os.getloadavg()[0]}
+    if quick:  # the shared-cores case runs in the full benchmark only (time)
+        return out
+    shared = {"name": "shared", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}}
+                                             for i in range(3)]}
+    print("  real mlp, 3 workers sharing the host's cores", flush=True)
+    res = launch("real-shared", shared, ["--model", "mlp", "--kinds", "speed,ddp,balanced,accumulate",
+                                         "--slow", f"0,0,{SLOW}", *common])
+    sh = summarize({"runs": [dict(r, kind="even" if r["kind"] == "balanced" else r["kind"]) for r in res["runs"]
+                             if r["kind"] in ("ddp", "balanced")]}, res, gb, skip)
+    sh.pop("even_over_ddp"), sh.pop("even")
+    out["shared_cores_mlp"] = sh
+    out["host"] = {"cpus": os.cpu_count(), "loadavg_1min_before": load0[0], "loadavg_1min_after": os.getloadavg()[0]}
+    return out
+
+
+def table(r: dict) -> list[str]:
+    h = r["host"]
+    lines = [f"== real compute, overlap on for both (2 workers, a core each; worker 1 runs {r['slow_extra_forwards']} "
+             f"extra forwards when uneven; global batch {r['global_batch']}; {r['repeats']} interleaved repeats x "
+             f"{r['steps']} steps, medians after step {r['skip']}; host {h['cpus']} CPUs, 1-min load "
+             f"{h['loadavg_1min_before']:.1f} -> {h['loadavg_1min_after']:.1f}) ==",
+             f"{'model':<12}{'even/DDP':>9}{'ideal':>7}{'unequal/DDP':>12}{'of ideal':>9}{'accum/DDP':>10}"
+             f"{'of ideal':>9}{'acc 1-proc':>11}{'acc accum':>10}{'tta ddp':>8}{'tta uneq':>9}{'tta acc':>8}"]
+    f = lambda v: f"{v:.1f}s" if v is not None else "-"  # noqa: E731
+    for m in MODELS:
+        if m not in r:
+            continue
+        c, u = r[m], r[m]["uneven"]
+        t = c["time_to_acc_s"]
+        lines.append(f"{m:<12}{c['even_over_ddp']:>9.3f}{u['ideal_over_ddp']:>7.3f}{u['balanced']['over_ddp']:>12.3f}"
+                     f"{u['balanced']['over_ideal']:>9.2f}{u['accumulate']['over_ddp']:>10.3f}"
+                     f"{u['accumulate']['over_ideal']:>9.2f}{c['single_process_acc']:>11.4f}"
+                     f"{c['acc_same_samples']['accumulate']:>10.4f}{f(t['ddp']):>8}{f(t['balanced']):>9}"
+                     f"{f(t['accumulate']):>8}")
+    if "shared_cores_mlp" in r:
+        u = r["shared_cores_mlp"]["uneven"]
+        lines.append(f"shared cores (3 workers, MLP, worker 2 slow): ideal {u['ideal_over_ddp']:.3f}x DDP, unequal "
+                     f"{u['balanced']['over_ddp']:.3f}x ({u['balanced']['over_ideal']:.2f} of ideal), accumulate "
+                     f"{u['accumulate']['over_ddp']:.3f}x ({u['accumulate']['over_ideal']:.2f} of ideal)")
+    lines.append("bars: even/DDP >= 1.00 (goal 1.05); of ideal >= 0.85 (goal 0.95); accumulate's accuracy within "
+                 f"0.5 point of one process; tta: time to test accuracy {r['target_acc']} (evaluation excluded)")
+    return lines
+
+
+def plot(r: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [m for m in MODELS if m in r]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = np.arange(len(models))
+    a1.bar(x, [r[m]["even_over_ddp"] for m in models], color="tab:blue")
+    a1.axhline(1.0, color="k", lw=0.8)
+    a1.set_xticks(x, models)
+    a1.set_title("even work: hetrain / DDP samples/s")
+    w = 0.27
+    a2.bar(x - w, [r[m]["uneven"]["ideal_over_ddp"] for m in models], w, label="ideal", color="lightgray")
+    a2.bar(x, [r[m]["uneven"]["balanced"]["over_ddp"] for m in models], w, label="unequal batches")
+    a2.bar(x + w, [r[m]["uneven"]["accumulate"]["over_ddp"] for m in models], w, label="accumulate")
+    a2.axhline(1.0, color="k", lw=0.8)
+    a2.set_xticks(x, models)
+    a2.set_title("uneven work: speed-up over DDP")
+    a2.legend(fontsize=8)
+    h = r["host"]
+    fig.suptitle(f"real compute, overlap on; 1-min load {h['loadavg_1min_before']:.1f}-{h['loadavg_1min_after']:.1f} "
+                 f"on {h['cpus']} CPUs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,241 @@
+"""The training process `bench/hetero.py --only real` launches on every worker.
+
+Real compute, no sleeps and no repeated backward: a worker `--slow k` times is emulated by
+`k` extra forward passes of its own model (no autograd, real arithmetic on its own batch)
+inside every forward, so its per-sample cost rises while backward runs once and gradient
+hooks fire once: overlap stays on for hetrain and for PyTorch DDP alike.
+
+Models (digits, 8x8 images, 10 classes): `mlp` (width-512, 4 layers), `cnn` (3 conv layers,
+pooled, a linear head), `transformer` (8 tokens of 8 pixels, 2 encoder layers, d=64).
+
+Kinds, run interleaved (`--kinds ddp,even,balanced,...`, every repeat runs each once):
+  ddp        PyTorch DDP, equal shares of the same global batches (its bucketed, overlapped
+             all-reduce)
+  even       hetrain, equal shares (BalancedLoader balance="equal"), overlap on
+  balanced   hetrain, measured shares, unequal local batches, batch-weighted average
+  accumulate hetrain, measured counts of equal micro-batches (gradient accumulation)
+Rank 0 writes per-step wall times, shares, per-phase times and accuracies as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hetrain
+from hetrain.demo.digits import load_digits_split
+from hetrain.train.loader import BalancedLoader
+from hetrain.train.sampler import GlobalBatchSampler
+
+
+class Tokens(nn.Module):
+    """Digits as 8 tokens of 8 pixels, a small pre-norm transformer encoder, mean-pooled."""
+
+    def __init__(self, d: int = 64, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Linear(8, d)
+        self.pos = nn.Parameter(torch.zeros(8, d))
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        h = self.embed(x.view(-1, 8, 8)) + self.pos
+        return self.head(self.encoder(h).mean(1))
+
+
+def make_model(kind: str, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        w = 512
+        return nn.Sequential(nn.Linear(64, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                             nn.Linear(w, 10))
+    if kind == "cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 16, 10))
+    if kind == "transformer":
+        return Tokens()
+    raise SystemExit(f"unknown model {kind!r}: mlp, cnn or transformer")
+
+
+class Slowed(nn.Module):
+    """`inner` with `extra` additional no-grad forward passes per call: a slower device in
+    real compute (per-sample cost grows, backward runs once)."""
+
+    def __init__(self, inner: nn.Module, extra: int):
+        super().__init__()
+        self.inner = inner
+        self.extra = extra
+
+    def forward(self, x):
+        if self.extra and len(x):
+            with torch.no_grad():
+                for _ in range(self.extra):
+                    self.inner(x)
+        return self.inner(x)
+
+
+def acc_of(model, x, y) -> float:
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def _ddp_batches(sampler, xtr, ytr, rank):
+    epoch = 0
+    while True:
+        for s in range(sampler.steps_per_epoch()):
+            idx = torch.from_numpy(sampler.indices(epoch, s, rank))
+            yield xtr[idx], ytr[idx]
+        epoch += 1
+
+
+def _hetrain_batches(loader):
+    while True:
+        yield from loader
+
+
+def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
+    """Seconds per sample of forward+backward on this worker at an equal share (all workers
+    at once, as in training, so shared cores are shared here too); median of the steps."""
+    xtr, ytr = data[0], data[1]
+    b = a.global_batch // nw
+    idx = torch.arange(rank * b, (rank + 1) * b) % len(xtr)
+    ts = []
+    for _ in range(a.speed_steps):
+        model.zero_grad()
+        t = time.perf_counter()
+        F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+        ts.append(time.perf_counter() - t)
+    mine = torch.tensor([float(np.median(ts[2:])) / b], dtype=torch.float64)
+    allp = [torch.zeros_like(mine) for _ in range(nw)]
+    dist.all_gather(allp, mine, group=ctx.worker_group)
+    return {"kind": "speed", "rep": -1, "per_sample_s": [float(p.item()) for p in allp], "share": b}
+
+
+def one_run(a, kind: str, rep: int, ctx, data) -> dict:
+    rank, nw = hetrain.rank(), hetrain.size()
+    xtr, ytr, xte, yte = data
+    extra = int(a.slow.split(",")[rank]) if a.slow else 0
+    model = make_model(a.model, 100 + rep)
+    net = Slowed(model, extra)
+    loader = None
+    if kind == "speed":  # this worker's compute alone: forward+backward at an equal share, no exchange
+        return measure_speed(a, net, model, data, rank, nw, ctx)
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(net, process_group=ctx.worker_group)
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+        batches = _ddp_batches(GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep), xtr, ytr, rank)
+    else:
+        opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
+                                           named_parameters=model.named_parameters(), overlap=True)
+        loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, seed=rep, device="cpu",
+                                balance="equal" if kind == "even" else "measured",
+                                strategy="accumulate" if kind == "accumulate" else "unequal",
+                                micro_batch=a.micro_batch)
+        batches = _hetrain_batches(loader)
+    times, phases, accs = [], [], []
+    paused = 0.0
+    t0 = time.perf_counter()
+    for step, (x, y) in enumerate(batches, 1):
+        ta = time.perf_counter()
+        opt.zero_grad()
+        micro = loader.micro_batches(x, y) if (loader is not None and kind == "accumulate") else [(x, y)]
+        tf = tb = 0.0
+        for mx, my in micro:
+            t1 = time.perf_counter()
+            out = net(mx) if len(mx) else None
+            t2 = time.perf_counter()
+            if out is not None:
+                scale = len(mx) / len(x) if kind != "ddp" else len(mx) * nw / a.global_batch
+                (F.cross_entropy(out, my) * scale).backward()
+            elif kind == "ddp":  # DDP needs every rank in the all-reduce
+                (sum(p.sum() for p in net.parameters()) * 0).backward()
+            tf += t2 - t1
+            tb += time.perf_counter() - t2
+        t3 = time.perf_counter()
+        if kind != "ddp":
+            opt.synchronize()
+        t35 = time.perf_counter()
+        if kind != "ddp":
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        t4 = time.perf_counter()
+        times.append(t4 - t0 - paused)
+        phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x)))
+        if a.eval_every and step % a.eval_every == 0:  # evaluation time is not training time
+            accs.append((step, times[-1], acc_of(model, xte, yte)))
+            paused += time.perf_counter() - t4
+        if step >= a.steps:
+            break
+    out = {"kind": kind, "rep": rep, "times": times, "final_acc": acc_of(model, xte, yte), "accs": accs}
+    if loader is not None:
+        loader.finish()
+        out["sizes"] = [[int(v) for v in h] for h in loader.balancer.history[:a.steps]]
+        out["loader_exchange_s"] = loader.batches.exchange_s
+    # every rank's phases (before, forward, backward, step, samples) per step
+    mine = torch.tensor(phases, dtype=torch.float64)
+    allp = [torch.zeros_like(mine) for _ in range(nw)]
+    dist.all_gather(allp, mine, group=ctx.worker_group)
+    out["phases"] = [p.tolist() for p in allp]
+    dist.barrier(group=ctx.worker_group)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--kinds", default="ddp,even,balanced")
+    ap.add_argument("--slow", default="", help="extra no-grad forward passes per worker, e.g. 0,3")
+    ap.add_argument("--global-batch", type=int, default=512)
+    ap.add_argument("--micro-batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--speed-steps", type=int, default=8)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    ctx = hetrain.init()
+    data = load_digits_split()
+    import os
+    if os.environ.get("BENCH_CPROFILE") and hetrain.rank() == 0:  # where the step's Python time goes
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        runs = []
+        for rep in range(a.repeats):
+            for kind in a.kinds.split(","):
+                if kind == "even" and rep == a.repeats - 1:
+                    prof.enable()
+                runs.append(one_run(a, kind, rep, ctx, data))
+                prof.disable()
+        with open(os.environ["BENCH_CPROFILE"], "w") as fh:
+            pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
+    else:
+        runs = [one_run(a, kind, rep, ctx, data) for rep in range(a.repeats) for kind in a.kinds.split(",")]
+    if hetrain.rank() == 0:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"runs": runs, "model": a.model, "slow": a.slow,
+                                           "global_batch": a.global_batch, "workers": hetrain.size(),
+                                           "threads": torch.get_num_threads()}))
+    hetrain.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

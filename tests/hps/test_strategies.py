@@ -1,0 +1,104 @@
+"""The two balancing strategies (unequal local batches; equal micro-batches with a count
+per worker) and workers whose best share is zero: pure parts and the loader, in-process."""
+import numpy as np
+import pytest
+import torch
+
+from hetrain.errors import UserError
+from hetrain.perf.steptime import plan_accumulate, plan_step, plan_unequal, useful_workers
+from hetrain.train.balance import BalanceConfig, Balancer
+from hetrain.train.loader import BalancedLoader
+from tests.hps.test_loader import ThreadGroup, run_workers
+from tests.hps.test_step_model import _fake_gather
+
+
+def test_a_worker_too_slow_to_help_gets_no_share():
+    # worker 2's fixed cost alone (0.5 s) exceeds the step the others make without it
+    fixed, per = [0.01, 0.01, 0.5], [1e-3, 1e-3, 1e-3]
+    assert useful_workers(100, fixed, per, [100] * 3).tolist() == [True, True, False]
+    plan = plan_unequal(100, fixed, per, [100] * 3)
+    assert plan.sizes.tolist() == [50, 50, 0] and plan.predicted == pytest.approx(0.06)
+    # slow but useful: it keeps a share
+    assert plan_unequal(100, [0.01, 0.01, 0.01], [1e-3, 1e-3, 4e-3], [100] * 3).sizes.tolist() == [45, 44, 11]
+    # needed for memory: kept even though slow
+    assert plan_unequal(100, fixed, per, [40, 40, 100]).sizes.tolist() == [40, 40, 20]
+
+
+def test_zero_share_worker_leaves_the_step_and_rejoins():
+    """The other worker reports a huge fixed part: it leaves (share 0); when its fit says
+    it helps again it rejoins."""
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [1.0, 0.001], [0.0, 0.002]), num_workers=2)
+    assert b.sizes.tolist() == [50, 50]
+    b.record(50, 0.1)  # this worker: 2 ms per sample
+    b.update()
+    assert b.sizes.tolist() == [100, 0]  # 1 s fixed for the other: the whole batch here takes 0.2 s
+    b.record(100, 0.2)
+    b.update()
+    assert b.sizes.tolist() == [50, 50]  # it is as fast again: back in the step
+
+
+def test_accumulate_counts_follow_speed_and_cover_the_batch():
+    plan = plan_accumulate(96, 8, [0.0, 0.0], [1e-3, 2e-3])
+    assert plan.strategy == "accumulate" and plan.micro == 8
+    assert plan.counts.tolist() == [8, 4] and plan.sizes.tolist() == [64, 32]
+    short = plan_accumulate(100, 8, [0.0, 0.0], [1e-3, 2e-3])  # 13 micro-batches, the last one short
+    assert short.sizes.sum() == 100 and short.counts.sum() == 13
+    with pytest.raises(UserError, match="micro-batch must be >= 1"):
+        plan_accumulate(100, 0, [0.0], [1e-3])
+
+
+def test_the_cost_model_picks_the_faster_strategy():
+    fixed, per = [0.01, 0.01], [1e-3, 3e-3]
+    # no memory limit: one pass per worker is never slower (finer shares, no repeated fixed part)
+    auto = plan_step(128, fixed, per, [128, 128], micro=16, pass_fixed=fixed)
+    assert auto.strategy == "unequal"
+    # the fast worker's memory holds 40 samples: unequal batches must give the slow one the
+    # rest; micro-batches of 16 fit, so the fast worker accumulates its larger share
+    capped = plan_step(128, fixed, per, [40, 128], micro=16, micro_caps=[128, 128], pass_fixed=[0.001] * 2)
+    assert capped.strategy == "accumulate" and capped.sizes[0] > 40
+    forced = plan_step(128, fixed, per, [128, 128], micro=16, strategy="accumulate")
+    assert forced.strategy == "accumulate"
+    with pytest.raises(UserError, match="strategy"):
+        plan_step(128, fixed, per, [128, 128], strategy="fastest")
+
+
+@pytest.mark.parametrize("strategy", ["unequal", "accumulate"])
+def test_resume_mid_epoch_with_either_strategy(strategy):
+    """A position committed mid-epoch resumes on two workers: every remaining sample of
+    the epoch once, passes of equal micro-batches (accumulate) or one per worker."""
+    data = torch.arange(48)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+    def make(group, optimizer=None):
+        return BalancedLoader(torch.utils.data.TensorDataset(data), 12, device="cpu", group=group, seed=3,
+                              optimizer=optimizer, strategy=strategy, micro_batch=3)
+
+    first = make(ThreadGroup(1).group(0), opt)
+    done = []
+    for (x,) in first:
+        done += x.tolist()
+        opt.step()
+        if first.step == 2:
+            break
+    saved = first.state_dict()
+    assert saved["step"] == 2 and len(done) == 24
+
+    def body(rank, loader):
+        loader.load_state_dict(saved)
+        got, passes = [], []
+        for (x,) in loader:
+            got += x.tolist()
+            passes.append([len(m) for m in loader.micro_batches(x)])
+        return got, passes
+
+    res = run_workers(2, make, body)
+    rest = res[0][0] + res[1][0]
+    assert sorted(done + rest) == list(range(48))
+    for _got, passes in res:
+        for p in passes:
+            assert sum(p) > 0
+            if strategy == "accumulate":
+                assert all(n == 3 for n in p), p
+            else:
+                assert len(p) == 1
