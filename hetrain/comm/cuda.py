@@ -322,7 +322,6 @@ class CudaWorkDevice(_CudaStaging, WorkStaging):
 
     @_on_device("copying a gradient off the GPU")
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        a = self.layout.bounds[i]
         td = t.detach()
         self.users[i] = td
         if not td.is_contiguous():

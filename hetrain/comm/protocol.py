@@ -302,7 +302,7 @@ class Announcer:
         return wait
 
     def _agree(self, h: Header, manifest: Manifest) -> int:
-        g = self.group
+        ctx, g = self.ctx, self.group
         self._check(h, manifest)
         if h.digest != self.digest:
             exchange_manifests(manifest, g.gloo if g is not None else ctx.host_group)

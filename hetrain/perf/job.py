@@ -187,8 +187,6 @@ def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarra
 def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.ndarray) -> np.ndarray:
     """Samples per worker: equal (capped by memory, the rest spread evenly) or balanced by
     the step-time model so every worker is predicted to finish together."""
-    from ..train.balance import solve_shares  # TEMPORARY until the step-time model lands in perf
-
     n = len(cluster.workers)
     if policy == "equal":
         return solve_shares(global_batch, np.zeros(n), np.ones(n), caps)
