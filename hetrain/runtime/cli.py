@@ -129,7 +129,7 @@ def _planned_config(args, argv: list[str], plan_path: str | None = None):
     import os
 
     from ..plan.job import load_job_plan
-    from ..train.summary import PLAN_ENV
+    from .env import PLAN_ENV
 
     path = plan_path or args.plan
     plan = load_job_plan(path)
@@ -152,7 +152,7 @@ def _auto(args, argv: list[str]) -> int:
 
     from ..plan.auto import fitted_from_run
     from ..plan.job import plan_job, table, to_plan
-    from ..train.summary import PROFILE_STEPS_ENV
+    from .env import PROFILE_STEPS_ENV
     from .launch import launch
 
     if not argv:

@@ -29,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from ..errors import UserError
 
 PREFIX = "HETRAIN_"
+PLAN_ENV = "HETRAIN_PLAN"  # set by `hetrain launch --plan/--auto`: the plan file the job runs
+PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profiling round: stop after N steps
 
 Mode = Literal["byteps", "ps", "colocated", "allreduce"]
 CodecName = Literal["fp32", "fp16", "int8", "int4"]

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..runtime.env import PLAN_ENV, PROFILE_STEPS_ENV
+
 FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "bytes", "step_s", "memory")
 OPTIONAL = ("step_s", "memory")  # median step time, measured memory (0 where a script does not measure them)
 
@@ -50,7 +52,6 @@ def write_summary(run_dir: str, summary: dict) -> Path:
 
 # ---- prediction against the run -------------------------------------------------------------
 
-PLAN_ENV = "HETRAIN_PLAN"  # set by `hetrain launch --plan/--auto`: the plan file the job runs
 SKIP_STEPS = 3  # first steps left out of the measured step time (warm-up, shares settling)
 
 
@@ -123,9 +124,6 @@ def state_bytes(model, optimizer) -> int:
     for st in opt.state.values():
         total += sum(v.numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
     return int(total)
-
-
-PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profiling round: stop after N steps
 
 
 def profile_steps() -> int:
