@@ -27,14 +27,7 @@ from .optimizer import DistributedOptimizer
 from .reduce_op import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .sync_batch_norm import SyncBatchNorm
 
-__all__ = ["alltoall_async", "reducescatter_async", "grouped_allgather", "grouped_allgather_async",
-           "grouped_reducescatter", "grouped_reducescatter_async", "Adasum", "Average", "Compression", "DistributedOptimizer", "HookState", "Max", "Min", "Product",
-           "ReduceOp", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object", "allreduce",
-           "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast", "broadcast_",
-           "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
-           "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-           "ddp_comm_hook", "declare", "device", "engine", "gloo_built", "gloo_enabled", "grouped_allreduce",
-           "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_homogeneous",
-           "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-           "mpi_threads_supported", "nccl_built", "poll", "push_pull", "push_pull_async", "push_pull_inplace",
-           "rank", "reducescatter", "resume", "rocm_built", "shutdown", "size", "suspend", "synchronize"]
+# one list of the public names: hetrain/__init__.py exports them lazily from here
+from .. import _API as _NAMES  # noqa: E402  (the parent package is imported before this one)
+
+__all__ = sorted(_NAMES)
