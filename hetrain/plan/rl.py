@@ -79,7 +79,6 @@ def layer_features(problem: Problem) -> np.ndarray:
     return np.concatenate(feats, axis=1).astype(np.float32)
 
 
-@register("rl")
 def _sample_plans(rng: np.random.Generator, base: np.ndarray, stay: np.ndarray, batch: int) -> np.ndarray:
     """`batch` plans from the policy, layer by layer: a_l ~ softmax(base_l + stay_l *
     onehot(a_{l-1})), by the Gumbel-max trick."""
@@ -120,6 +119,7 @@ def _greedy_plan(b: np.ndarray, st: np.ndarray) -> np.ndarray:
     return greedy
 
 
+@register("rl")
 class RLPlanner(Planner):
     """LSTM policy + REINFORCE (HeterPS). Not a wrapper of `exact`: it only ever sees
     rewards of sampled plans."""
