@@ -50,7 +50,8 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The demo's command line: training length and rate, emulated compute, balancing, commits."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--global-batch", type=int, default=64)
@@ -63,6 +64,48 @@ def main(argv=None) -> int:
                     help="batch shares: follow each worker's measured step time (default) or equal")
     ap.add_argument("--commit-every", type=int, default=5,
                     help="commit the elastic state every N steps (0: never); a restarted job resumes there")
+    return ap
+
+
+def _report(args, ctx, model: nn.Module, xte: torch.Tensor, yte: torch.Tensor, rows: list[dict], wall: float,
+            loader: BalancedLoader, steplog: StepLogger, clock: StepClock, acts: ActivationMeter, writer,
+            run_dir: str) -> None:
+    """Rank 0's end of run: accuracy and throughput, the per-worker table and time split, the
+    plan's predicted versus measured step (after `hetrain launch --auto`), and the run's
+    summary file and TensorBoard scalars."""
+    nw = hetrain.size()
+    acc = accuracy(model, xte, yte)
+    total = sum(r["samples"] for r in rows)
+    sps = total / wall
+    labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
+    devices = [d.label() for d in loader.balancer.devices]
+    spread = steplog.spread_median()
+    print(f"\ndigits demo: test accuracy {acc:.4f} after {args.epochs} epochs; {sps:.0f} samples/s; "
+          f"mode {ctx.comm.mode}; {nw} workers ({', '.join(f'{l} on {d}' for l, d in zip(labels, devices))})")
+    print(format_table(rows, labels, devices))
+    print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
+    print(steplog.summary())
+    ranks = {lab: {**r, "device": d} for lab, r, d in zip(labels, rows, devices)}
+    plan = planned()
+    check = None
+    if plan is not None:
+        check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)},
+                                 clock.times)
+        print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
+              f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
+        log_prediction(writer, check)
+    path = write_summary(run_dir, {"prediction": check, "model": model_facts(model, acts),
+                                   "global_batch": args.global_batch, "accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
+                                   "mode": ctx.comm.mode, "balance": args.balance,
+                                   "compute_spread": spread if spread == spread else None,
+                                   "final_shares": [int(v) for v in loader.sizes], "ranks": ranks})
+    print(f"summary: {path}; TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}")
+    writer.add_scalar("summary/samples_per_s", sps, 0)
+    writer.close()
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     # slow imports and data loading before joining the job: once it has joined, the
@@ -72,7 +115,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     ctx = hetrain.init()
-    rank, nw = hetrain.rank(), hetrain.size()
+    rank = hetrain.rank()
     run_dir = ctx.env.run_dir if ctx.env else "runs/single"
     machine = ctx.topology.proc(rank).machine if ctx.topology else None
     device = hetrain.device()  # this worker's GPU where the cluster file says cuda: true, else the CPU
@@ -150,34 +193,7 @@ def main(argv=None) -> int:
             "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak}
     rows = gather_stats(ctx, mine)
     if rank == 0:
-        acc = accuracy(model, xte, yte)
-        total = sum(r["samples"] for r in rows)
-        sps = total / wall
-        labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
-        devices = [d.label() for d in loader.balancer.devices]
-        spread = steplog.spread_median()
-        print(f"\ndigits demo: test accuracy {acc:.4f} after {args.epochs} epochs; {sps:.0f} samples/s; "
-              f"mode {ctx.comm.mode}; {nw} workers ({', '.join(f'{l} on {d}' for l, d in zip(labels, devices))})")
-        print(format_table(rows, labels, devices))
-        print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
-        print(steplog.summary())
-        ranks = {lab: {**r, "device": d} for lab, r, d in zip(labels, rows, devices)}
-        plan = planned()
-        check = None
-        if plan is not None:
-            check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)},
-                                     clock.times)
-            print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
-                  f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
-            log_prediction(writer, check)
-        path = write_summary(run_dir, {"prediction": check, "model": model_facts(model, acts),
-                                       "global_batch": args.global_batch, "accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
-                                       "mode": ctx.comm.mode, "balance": args.balance,
-                                       "compute_spread": spread if spread == spread else None,
-                                       "final_shares": [int(v) for v in loader.sizes], "ranks": ranks})
-        print(f"summary: {path}; TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tb')}")
-        writer.add_scalar("summary/samples_per_s", sps, 0)
-        writer.close()
+        _report(args, ctx, model, xte, yte, rows, wall, loader, steplog, clock, acts, writer, run_dir)
     steplog.close()
     hetrain.shutdown()
     return 0

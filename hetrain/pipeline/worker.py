@@ -164,175 +164,216 @@ def _cpu(obj):
 
 
 def run_stage(spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, group, start: int, ready) -> dict:
-    st = spec.stages[s]
-    k = st.instances
-    last = s == len(spec.stages) - 1
-    prev = spec.stage_ranks(s - 1) if s > 0 else []
-    nxt = spec.stage_ranks(s + 1) if not last else []
-    sizes = spec.mb_sizes()
-    mine = [i for i in range(spec.micro_batches) if i % k == r]
-    own = sum(sizes[i] for i in mine)  # this replica's samples per step (its push_pull weight)
-    wire = wire_for(ctx.device, ctx.describe(ctx.rank))
-    client = SparseClient(layout, spec.shard_ranks, spec.model.dim, on_error=ctx.peer_error)
-    stage = StageCompute(model, st.start, st.end, layout, wire, client)
-    params, names = stage.params, stage.names
-    opt = None
-    if params:
-        opt = (torch.optim.Adagrad(params, lr=spec.optim.lr, eps=spec.optim.eps) if spec.optim.kind == "adagrad"
-               else torch.optim.SGD(params, lr=spec.optim.lr))
-    if start:
-        ck = load_checkpoint(ckpt_path(spec, start, f"stage{s}"))
+    """Train replica `r` of stage `s` from step `start` to the end; returns its report."""
+    return _StageRunner(spec, ctx, s, r, layout, model, group, start).run(ready)
+
+
+class _StageRunner:
+    """One stage replica's synchronous pipelined training (GPipe order).
+
+    A class so that each part of a step can be read on its own: setup and checkpoint
+    restore (`__init__`), the forward pass over this replica's micro-batches (`_forward`),
+    the backward pass of a stage that is not the last (`_backward`), and the step's end
+    (`_finish_step`: outstanding sends, embedding commit, the replicas' gradient average,
+    the optimizer, checkpoints). Neighbour traffic goes through `_receive`/`_send`, which
+    name the peer that went away when gloo fails.
+    """
+
+    def __init__(self, spec: RunSpec, ctx, s: int, r: int, layout: ShardLayout, model, group, start: int) -> None:
+        self.spec, self.ctx, self.s, self.r, self.model, self.start = spec, ctx, s, r, model, start
+        self.st = st = spec.stages[s]
+        k = st.instances
+        self.last = s == len(spec.stages) - 1
+        self.prev = spec.stage_ranks(s - 1) if s > 0 else []
+        self.nxt = spec.stage_ranks(s + 1) if not self.last else []
+        self.sizes = sizes = spec.mb_sizes()
+        self.mine = [i for i in range(spec.micro_batches) if i % k == r]
+        self.own = sum(sizes[i] for i in self.mine)  # this replica's samples per step (its push_pull weight)
+        self.wire = wire_for(ctx.device, ctx.describe(ctx.rank))
+        self.client = SparseClient(layout, spec.shard_ranks, spec.model.dim, on_error=ctx.peer_error)
+        self.stage = StageCompute(model, st.start, st.end, layout, self.wire, self.client)
+        self.params, self.names = self.stage.params, self.stage.names
+        self.opt = None
+        if self.params:
+            self.opt = (torch.optim.Adagrad(self.params, lr=spec.optim.lr, eps=spec.optim.eps)
+                        if spec.optim.kind == "adagrad" else torch.optim.SGD(self.params, lr=spec.optim.lr))
+        if start:
+            self._restore(start)
+        # dense gradients: the batch-weighted average over the stage's replicas, on its group
+        self.engine = PushPull(ctx, group) if self.params and k > 1 else None
+        self.loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes, k) if s == 0 else None
+        self.pacer = Pacer(spec.emulate)
+        self.T = st.time_per_sample_s
+        self.ends, self.losses = [], []
+        self.trace = [] if os.environ.get("HETRAIN_TRACE") else None
+        self.prof = {"recv_wait_s": 0.0, "step_end_s": 0.0}
+
+    def _restore(self, start: int) -> None:
+        ck = load_checkpoint(ckpt_path(self.spec, start, f"stage{self.s}"))
         with torch.no_grad():
-            for n, p in zip(names, params):
+            for n, p in zip(self.names, self.params):
                 p.copy_(ck["params"][n])
-        if opt is not None:
-            opt.load_state_dict(ck["optim"])
-    # dense gradients: the batch-weighted average over the stage's replicas, on its group
-    engine = PushPull(ctx, group) if params and k > 1 else None
-    loader = MicroBatchLoader(CTRData(spec.data), spec.batch, sizes, k) if s == 0 else None
-    pacer = Pacer(spec.emulate)
-    T = st.time_per_sample_s
-    ends, losses = [], []
-    trace = [] if os.environ.get("HETRAIN_TRACE") else None
+        if self.opt is not None:
+            self.opt.load_state_dict(ck["optim"])
 
-    def ev(what: str) -> None:
-        if trace is not None:
-            trace.append((what, time.time()))
-    prof = {"recv_wait_s": 0.0, "step_end_s": 0.0}
+    def ev(self, what: str) -> None:
+        if self.trace is not None:
+            self.trace.append((what, time.time()))
 
-    def fail(what, peers, err):
-        return ctx.peer_error(what, peers, err)
-
-    def receive(peer: int, i: int, what: str):
+    def _receive(self, peer: int, i: int, what: str):
         """Tensors of micro-batch i from a neighbour stage; the wait counts as idle time."""
         tw = time.perf_counter()
         try:
-            got, ready = recv_tensors(peer, i, wire)
+            got, ready = recv_tensors(peer, i, self.wire)
         except PeerLostError:
             raise
         except RuntimeError as err:  # gloo's error: name the neighbour that went away
-            raise fail(f"receiving {what} of micro-batch {i}", [peer], err) from None
-        pacer.begin(ready)
-        prof["recv_wait_s"] += time.perf_counter() - tw
+            raise self.ctx.peer_error(f"receiving {what} of micro-batch {i}", [peer], err) from None
+        self.pacer.begin(ready)
+        self.prof["recv_wait_s"] += time.perf_counter() - tw
         return got
 
-    def send(ts, dst: int, i: int, ready_at: float, what: str) -> list:
+    def _send(self, ts, dst: int, i: int, ready_at: float, what: str) -> list:
         try:
-            return send_tensors(ts, dst, i, ready_at, wire)
+            return send_tensors(ts, dst, i, ready_at, self.wire)
         except PeerLostError:
             raise
         except RuntimeError as err:
-            raise fail(f"sending {what} of micro-batch {i}", [dst], err) from None
+            raise self.ctx.peer_error(f"sending {what} of micro-batch {i}", [dst], err) from None
 
-    def send_back(inputs, i: int, ready_at: float) -> list:
-        if s == 0:
+    def _send_back(self, inputs, i: int, ready_at: float) -> list:
+        if self.s == 0:
             return []
         g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs if t.is_floating_point()]
-        return send(g, prev[i % len(prev)], i, ready_at, "input gradients")
+        return self._send(g, self.prev[i % len(self.prev)], i, ready_at, "input gradients")
 
-    if s == 0:
-        loader.get(start, mine[0])  # its first chunk of data, before the clocks start
-    ready()
-    for step in range(start, spec.steps):
-        saved, sends = {}, []
-        pacer.busy_until = max(pacer.busy_until, time.time())  # waiting at a step boundary is idle time
-        step_loss = torch.zeros((), device=wire.device)
+    def _read(self, step: int, i: int):
+        dense, ids, label = (self.wire.from_cpu(t) for t in self.loader.get(step, i))
+        inputs = [dense, ids]
+        return inputs, label, self.stage.prepare(inputs, step)
+
+    def _forward(self, step: int, sends: list) -> tuple[dict, torch.Tensor]:
+        """Forward every owned micro-batch (the last stage also runs its backward at once);
+        returns what the backward pass needs and the step's summed loss."""
+        pacer, sizes, mine = self.pacer, self.sizes, self.mine
+        saved = {}
+        step_loss = torch.zeros((), device=self.wire.device)
         ahead: dict = {}  # first stage: the next micro-batches, read and their rows' pulls posted
-
-        def read(i: int):
-            dense, ids, label = (wire.from_cpu(t) for t in loader.get(step, i))
-            inputs = [dense, ids]
-            return inputs, label, stage.prepare(inputs, step)
-
         for n_i, i in enumerate(mine):
             m = sizes[i]
             prepared = None
-            if s == 0:  # reading data: the next micro-batch is always ready
+            if self.s == 0:  # reading data: the next micro-batch is always ready
                 pacer.begin(0.0)
-                inputs, label, prepared = ahead.pop(i) if i in ahead else read(i)
+                inputs, label, prepared = ahead.pop(i) if i in ahead else self._read(step, i)
                 for j in mine[n_i + 1: n_i + 1 + PULL_AHEAD]:  # their rows arrive while this one computes
                     if j not in ahead:
-                        ahead[j] = read(j)
+                        ahead[j] = self._read(step, j)
             else:
-                got = receive(prev[i % len(prev)], i, "activations")
+                got = self._receive(self.prev[i % len(self.prev)], i, "activations")
                 label, inputs = got[-1], got[:-1]
                 for t in inputs:
                     if t.is_floating_point():
                         t.requires_grad_(True)
-            ev(f"fwd{i}-in")
-            out, pulled = stage.forward(inputs, step, prepared)
-            if last:
-                loss = model.loss(out[0], label)
+            self.ev(f"fwd{i}-in")
+            out, pulled = self.stage.forward(inputs, step, prepared)
+            if self.last:
+                loss = self.model.loss(out[0], label)
                 step_loss += loss.detach() * m
-                (loss * (m / spec.batch)).backward()
-                sends += send_back(inputs, i, pacer.finish(m * T))
-                stage.push(pulled, step)
+                (loss * (m / self.spec.batch)).backward()
+                sends += self._send_back(inputs, i, pacer.finish(m * self.T))
+                self.stage.push(pulled, step)
                 pacer.wait()
-                ev(f"mb{i}-done")
+                self.ev(f"mb{i}-done")
             else:
-                sends += send(out + [label], nxt[i % len(nxt)], i, pacer.finish(m * T / 3), "activations")
+                sends += self._send(out + [label], self.nxt[i % len(self.nxt)], i, pacer.finish(m * self.T / 3),
+                                    "activations")
                 saved[i] = (inputs, out, pulled)
                 pacer.wait()
-                ev(f"fwd{i}-out")
-        if not last:
-            for i in mine:
-                m = sizes[i]
-                inputs, out, pulled = saved.pop(i)
-                grads = receive(nxt[i % len(nxt)], i, "gradients")
-                ev(f"bwd{i}-in")
-                fl = [o for o in out if o.is_floating_point()]
-                pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
-                if pairs:
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                end = pacer.finish(m * T * 2 / 3)
-                sends += send_back(inputs, i, end)
-                stage.push(pulled, step)
-                pacer.wait()
-                ev(f"bwd{i}-out")
+                self.ev(f"fwd{i}-out")
+        return saved, step_loss
+
+    def _backward(self, step: int, saved: dict, sends: list) -> None:
+        """Backward every owned micro-batch with the gradients the next stage sends back."""
+        for i in self.mine:
+            m = self.sizes[i]
+            inputs, out, pulled = saved.pop(i)
+            grads = self._receive(self.nxt[i % len(self.nxt)], i, "gradients")
+            self.ev(f"bwd{i}-in")
+            fl = [o for o in out if o.is_floating_point()]
+            pairs = [(o, g) for o, g in zip(fl, grads) if o.requires_grad]
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            end = self.pacer.finish(m * self.T * 2 / 3)
+            sends += self._send_back(inputs, i, end)
+            self.stage.push(pulled, step)
+            self.pacer.wait()
+            self.ev(f"bwd{i}-out")
+
+    def _average_gradients(self) -> None:
+        named = []
+        for n, p in zip(self.names, self.params):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            named.append((n, p.grad))
+        # each replica hands over the mean gradient of its own samples (the last stage
+        # scaled each micro-batch's loss by m/B); weighted by its sample count, the
+        # average over the replicas is the gradient of the whole global batch
+        if self.own != self.spec.batch:
+            torch._foreach_mul_([g for _, g in named], self.spec.batch / self.own)
+        self.engine.push_pull(named, weight=self.own)
+        self.pacer.pad(self.st.allreduce_s)
+
+    def _finish_step(self, step: int, sends: list, step_loss: torch.Tensor) -> None:
+        """The step's end: outstanding sends, embedding commit, the replicas' gradient
+        average and the optimizer step; then the loss, a checkpoint when due."""
         te = time.perf_counter()
         try:
             p2p.wait_all([w for w, _ in sends], None, "sending to the neighbour stages")  # named below
-            ev("sends-done")
-            if stage.embs:
-                client.commit(step)
-            ev("committed")
-            pacer.begin(time.time())
-            if params:
-                if engine is not None:
-                    named = []
-                    for n, p in zip(names, params):
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                        named.append((n, p.grad))
-                    # each replica hands over the mean gradient of its own samples (the last stage
-                    # scaled each micro-batch's loss by m/B); weighted by its sample count, the
-                    # average over the replicas is the gradient of the whole global batch
-                    if own != spec.batch:
-                        torch._foreach_mul_([g for _, g in named], spec.batch / own)
-                    engine.push_pull(named, weight=own)
-                    pacer.pad(st.allreduce_s)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            self.ev("sends-done")
+            if self.stage.embs:
+                self.client.commit(step)
+            self.ev("committed")
+            self.pacer.begin(time.time())
+            if self.params:
+                if self.engine is not None:
+                    self._average_gradients()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
         except PeerLostError:
             raise
         except RuntimeError as err:
-            raise fail("finishing the step (gradients to peers)", [], err) from None
-        prof["step_end_s"] += time.perf_counter() - te
-        ends.append(time.time())
-        ev("step-end")
-        if last:
-            losses.append(float(step_loss) / own)
+            raise self.ctx.peer_error("finishing the step (gradients to peers)", [], err) from None
+        self.prof["step_end_s"] += time.perf_counter() - te
+        self.ends.append(time.time())
+        self.ev("step-end")
+        if self.last:
+            self.losses.append(float(step_loss) / self.own)
         done = step + 1
-        if r == 0 and want_ckpt(spec, done):
-            save(spec, done, f"stage{s}", {"params": {n: p.detach().cpu().clone() for n, p in zip(names, params)},
-                                           "optim": _cpu(opt.state_dict()) if opt else {}})
-        _maybe_fail(spec, ctx.rank, done)
-    if stage.embs:
-        client.stop()
-    return {"role": f"stage{s}/replica{r}", "type": st.type, "device": str(wire.device), "step_end_time": ends,
-            "loss": losses, "real_s": pacer.real_s, "slept_s": pacer.slept_s, "over_target": pacer.over,
-            "micro_batches": len(mine), "start_step": start,
-            "comm_s": engine.stats.comm_s if engine else 0.0, "pull_s": stage.pull_s, **prof, **({"trace": trace} if trace else {})}
+        if self.r == 0 and want_ckpt(self.spec, done):
+            save(self.spec, done, f"stage{self.s}",
+                 {"params": {n: p.detach().cpu().clone() for n, p in zip(self.names, self.params)},
+                  "optim": _cpu(self.opt.state_dict()) if self.opt else {}})
+        _maybe_fail(self.spec, self.ctx.rank, done)
+
+    def run(self, ready) -> dict:
+        if self.s == 0:
+            self.loader.get(self.start, self.mine[0])  # its first chunk of data, before the clocks start
+        ready()
+        for step in range(self.start, self.spec.steps):
+            sends: list = []
+            self.pacer.busy_until = max(self.pacer.busy_until, time.time())  # waiting at a step boundary is idle time
+            saved, step_loss = self._forward(step, sends)
+            if not self.last:
+                self._backward(step, saved, sends)
+            self._finish_step(step, sends, step_loss)
+        if self.stage.embs:
+            self.client.stop()
+        pacer, engine, trace = self.pacer, self.engine, self.trace
+        return {"role": f"stage{self.s}/replica{self.r}", "type": self.st.type, "device": str(self.wire.device),
+                "step_end_time": self.ends, "loss": self.losses, "real_s": pacer.real_s, "slept_s": pacer.slept_s,
+                "over_target": pacer.over, "micro_batches": len(self.mine), "start_step": self.start,
+                "comm_s": engine.stats.comm_s if engine else 0.0, "pull_s": self.stage.pull_s, **self.prof,
+                **({"trace": trace} if trace else {})}
 
 
 def setup_barrier(ctx, spec: RunSpec, poll_s: float = 0.05) -> None:

@@ -79,6 +79,46 @@ def layer_features(problem: Problem) -> np.ndarray:
     return np.concatenate(feats, axis=1).astype(np.float32)
 
 
+def _sample_plans(rng: np.random.Generator, base: np.ndarray, stay: np.ndarray, batch: int) -> np.ndarray:
+    """`batch` plans from the policy, layer by layer: a_l ~ softmax(base_l + stay_l *
+    onehot(a_{l-1})), by the Gumbel-max trick."""
+    L, R = base.shape
+    rows = np.arange(batch)
+    g = rng.gumbel(size=(batch, L, R))
+    A = np.empty((batch, L), dtype=np.int64)
+    A[:, 0] = np.argmax(base[0] + g[:, 0], axis=1)
+    for l in range(1, L):
+        z = base[l] + g[:, l]
+        z[rows, A[:, l - 1]] += stay[l]
+        A[:, l] = np.argmax(z, axis=1)
+    return A
+
+
+def _log_probs(torch, base, stay, A: np.ndarray):
+    """Log-probability of each sampled plan under the policy (for REINFORCE) and the mean
+    per-layer entropy (for the entropy bonus)."""
+    batch, (L, R) = A.shape[0], base.shape
+    At = torch.from_numpy(A)
+    z = base.unsqueeze(0).expand(batch, L, R).clone()
+    prev = torch.nn.functional.one_hot(At[:, :-1], R).float()
+    z[:, 1:] = z[:, 1:] + stay[1:, None] * prev
+    logp = torch.log_softmax(z, dim=-1)
+    lp = logp.gather(2, At[:, :, None])[:, :, 0].sum(dim=1)
+    ent = -(logp.exp() * logp).sum(dim=-1).mean()
+    return lp, ent
+
+
+def _greedy_plan(b: np.ndarray, st: np.ndarray) -> np.ndarray:
+    """The policy's most likely plan, decoded layer by layer."""
+    L = b.shape[0]
+    greedy = np.empty(L, dtype=np.int64)
+    greedy[0] = np.argmax(b[0])
+    for l in range(1, L):
+        z = b[l].copy(); z[greedy[l - 1]] += st[l]
+        greedy[l] = np.argmax(z)
+    return greedy
+
+
 @register("rl")
 class RLPlanner(Planner):
     """LSTM policy + REINFORCE (HeterPS). Not a wrapper of `exact`: it only ever sees
@@ -146,33 +186,11 @@ class RLPlanner(Planner):
             head.bias[R] = stay_prior
         params = [*enc.parameters(), *lstm.parameters(), *head.parameters()]
         opt = _Adam(params, self.lr, torch)
-        rows = np.arange(self.batch)
 
         def policy():
             h, _ = lstm(torch.tanh(enc(x)))
             out = head(h)[0]                                          # (L, R+1)
             return out[:, :R], out[:, R]
-
-        def sample(base: np.ndarray, stay: np.ndarray) -> np.ndarray:
-            # a_l ~ softmax(base_l + stay_l * onehot(a_{l-1})), by the Gumbel-max trick
-            g = rng.gumbel(size=(self.batch, L, R))
-            A = np.empty((self.batch, L), dtype=np.int64)
-            A[:, 0] = np.argmax(base[0] + g[:, 0], axis=1)
-            for l in range(1, L):
-                z = base[l] + g[:, l]
-                z[rows, A[:, l - 1]] += stay[l]
-                A[:, l] = np.argmax(z, axis=1)
-            return A
-
-        def log_probs(base, stay, A):
-            At = torch.from_numpy(A)
-            z = base.unsqueeze(0).expand(self.batch, L, R).clone()
-            prev = torch.nn.functional.one_hot(At[:, :-1], R).float()
-            z[:, 1:] = z[:, 1:] + stay[1:, None] * prev
-            logp = torch.log_softmax(z, dim=-1)
-            lp = logp.gather(2, At[:, :, None])[:, :, 0].sum(dim=1)
-            ent = -(logp.exp() * logp).sum(dim=-1).mean()
-            return lp, ent
 
         best_a, best_h = None, np.inf
         soft_a, soft_v = None, np.inf
@@ -187,7 +205,8 @@ class RLPlanner(Planner):
         n_done, ent_v = 0, float("nan")
         for u in range(self.updates):
             base, stay = policy()
-            A = sample(base.detach().numpy().astype(np.float64), stay.detach().numpy().astype(np.float64))
+            A = _sample_plans(rng, base.detach().numpy().astype(np.float64),
+                              stay.detach().numpy().astype(np.float64), self.batch)
             if self.polish and u % self.polish_every == 0 and u:
                 start = best_a if best_a is not None else soft_a
                 if start is not None:
@@ -219,7 +238,7 @@ class RLPlanner(Planner):
             baseline = mean if baseline is None else 0.9 * baseline + 0.1 * mean
             spread = 0.9 * spread + 0.1 * float(reward.std() + 1e-6)
             adv = torch.from_numpy(((reward - baseline) / max(spread, 1e-3)).astype(np.float32))
-            lp, ent = log_probs(base, stay, A)
+            lp, ent = _log_probs(torch, base, stay, A)
             beta = self.entropy * max(0.0, 1.0 - u / (0.7 * self.updates))
             loss = -(adv * lp).mean() / L ** 0.5 - beta * ent
             for q in params:
@@ -236,12 +255,7 @@ class RLPlanner(Planner):
             bar.close()
         with torch.no_grad():
             base, stay = policy()
-            b, st = base.numpy(), stay.numpy()
-            greedy = np.empty(L, dtype=np.int64)
-            greedy[0] = np.argmax(b[0])
-            for l in range(1, L):
-                z = b[l].copy(); z[greedy[l - 1]] += st[l]
-                greedy[l] = np.argmax(z)
+            greedy = _greedy_plan(base.numpy(), stay.numpy())
         gh, gv = score_assignments(tables, w, greedy[None])
         if np.isfinite(gh[0]) and gv[0] == 0 and gh[0] < best_h:
             best_h, best_a = float(gh[0]), greedy

@@ -27,15 +27,13 @@ i.e. when the job's GPUs are free again.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -43,9 +41,11 @@ from ..cluster.hardware import Inventory
 from ..errors import UserError
 from ..perf.goodput import BatchModel
 from ..perf.jobs import JobFit, RingCurve, StepSample, fit_job, rate_table
-from .cluster import gpu_pools, parse_cluster_spec
-from .job import Alloc, Job, make_job, use_goodput
+from .backends import LOCAL, Backend, launch_job, ray_gpu_pools
+from .cluster import parse_cluster_spec
+from .job import Alloc, make_job, use_goodput
 from .policies import DEFAULT_POLICY, check_allocation, get_policy
+from .progress import JobRun, measured_step_times, read_progress, sample_of
 from .worker import EXIT_STOPPED
 
 # What the executor assumes about a job's network before it has run on two or more
@@ -82,159 +82,6 @@ def model_bytes(dim: int = 16) -> float:
     return 4.0 * (dim * 64 + 64 + 64 + 1)
 
 
-# ---- backends --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Backend:
-    """Where a job's processes run: `local` (this host, an emulated pool) or `ray`."""
-
-    kind: Literal["local", "ray"] = "local"
-    address: str | None = None            # ray: the cluster's GCS address, or auto
-    gpu_resource: str = "GPU"             # ray: resource that counts GPUs (custom for emulated ones)
-    cpus_per_process: float = 0.5         # ray: CPUs reserved for each rank
-
-    def __post_init__(self) -> None:
-        if self.kind == "ray" and not self.address:
-            raise UserError("the ray backend needs the cluster's address: --address HOST:PORT (or auto)")
-
-    def machine_kind(self, gpu_type: str) -> str:
-        # on Ray the device kind picks the node's GPU type (accelerator_type:<KIND>)
-        return gpu_type if self.kind == "ray" else "emulated-gpu"
-
-    def launch_flags(self) -> list[str]:
-        if self.kind == "local":
-            return []
-        return ["--ray", self.address, "--ray-gpu-resource", self.gpu_resource,
-                "--ray-cpus", str(self.cpus_per_process)]
-
-
-LOCAL = Backend()
-
-
-def ray_gpu_pools(backend: Backend) -> Inventory:
-    """The GPU pools of a Ray cluster: GPUs per type, from each node's `gpu_resource` count
-    and its `accelerator_type:<TYPE>` marker."""
-    try:
-        import ray
-    except ImportError:
-        raise UserError("the ray backend needs Ray: pip install 'hetrain[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(address=backend.address, namespace="hetrain", log_to_driver=False, logging_level="WARNING")
-    pools: dict[str, int] = {}
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        res = node["Resources"]
-        n = int(res.get(backend.gpu_resource, 0))
-        types = [k.split(":", 1)[1].lower() for k in res if k.startswith("accelerator_type:")]
-        if n and types:
-            pools[types[0]] = pools.get(types[0], 0) + n
-    if not pools:
-        raise UserError(f"the Ray cluster at {backend.address} has no typed GPUs: no node has both "
-                        f"{backend.gpu_resource!r} and an accelerator_type:<TYPE> resource")
-    return gpu_pools(tuple(pools), tuple(pools.values()), name=f"ray:{backend.address}")
-
-
-def launch_job(job_dir: Path, world: int, worker_args: list[str], quiet: bool = True,
-               backend: Backend = LOCAL, gpu_type: str = "gpu") -> subprocess.Popen:
-    """Start one job of `world` ranks with `hetrain launch`; returns the launcher process
-    (its output goes to launcher-<world>.log in the job directory when quiet)."""
-    import yaml
-
-    cluster = {"name": f"job-{world}", "machines": [
-        {"name": f"g{i}", "role": "worker", "device": {"kind": backend.machine_kind(gpu_type)}}
-        for i in range(world)]}
-    cfile = job_dir / f"cluster-{world}-{gpu_type}.yaml"
-    cfile.write_text(yaml.safe_dump(cluster))
-    cmd = [sys.executable, "-m", "hetrain.cli", "launch", *backend.launch_flags(), "--cluster", str(cfile),
-           "--mode", "allreduce", "--run-dir", str(job_dir / "run")] + (["--quiet"] if quiet else []) + \
-          ["-m", "hetrain.sched.worker", "--job-dir", str(job_dir), *worker_args]
-    out = (job_dir / "launcher.log").open("ab") if quiet else subprocess.PIPE
-    # the launcher starts with SIGUSR1 blocked and unblocks it once its handler is in place
-    # (hetrain.runtime.catch_stop_requests): a stop request sent while Python starts waits
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-    try:
-        return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out,
-                                stderr=subprocess.STDOUT)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if quiet:
-            out.close()
-
-
-# ---- measurements ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Progress:
-    step: int = 0
-    time: float = 0.0       # wall clock of the step's end
-    world: int = 0
-    timed: int = 0          # steps of the current run after its first
-    compute_s: float = 0.0  # their summed compute seconds (rank 0)
-    comm_s: float = 0.0     # their summed communication seconds
-    work: float = 0.0       # base-batch steps of work done (statistical efficiency counted)
-    batch: int = 0          # this run's global batch
-    noise_scale: float = float("inf")  # as the workers measure it
-
-
-def read_progress(d: Path) -> Progress:
-    try:
-        f = (d / "progress").read_text().split()
-        return Progress(int(f[0]), float(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[5]),
-                        float(f[6]), int(f[7]), float(f[8]))
-    except (OSError, ValueError, IndexError):
-        return Progress()
-
-
-@dataclass
-class _Run:
-    spec: RealJobSpec
-    job: Job
-    dir: Path
-    prior: RingCurve
-    proc: subprocess.Popen | None = None
-    alloc: Alloc | None = None
-    target: Alloc | None = None
-    stopping_since: float | None = None
-    launched_at: float | None = None
-    launch_step: int = 0
-    pending_cost: float | None = None   # stop duration, to add to the restart's start time
-    first_launch: bool = True
-    finish: float | None = None
-    restarts: int = 0
-    samples: list = field(default_factory=list)   # StepSample of each finished run
-    live: StepSample | None = None                # the current run's, so far
-    fit: JobFit | None = None
-    # (type, size) -> step time the fit predicted when the job was first started there
-    predicted: dict = field(default_factory=dict)
-
-    def all_samples(self) -> list[StepSample]:
-        return self.samples + ([self.live] if self.live else [])
-
-
-def _sample(p: Progress, gpu_type: str) -> StepSample | None:
-    if p.timed <= 0 or p.world <= 0:
-        return None
-    return StepSample(gpu_type, p.world, p.timed, p.compute_s / p.timed, p.comm_s / p.timed, p.batch)
-
-
-def measured_step_times(runs: Sequence[_Run], types: Sequence[str]) -> list[dict]:
-    """Per job and size: measured mean step, the final fit's prediction, and the prediction
-    the fit made before the job first ran at that size."""
-    out = []
-    for r in runs:
-        by: dict[tuple[str, int], list[StepSample]] = {}
-        for s in r.all_samples():
-            by.setdefault((s.gpu_type, s.g), []).append(s)
-        for (t, g), ss in sorted(by.items()):
-            n = sum(s.steps for s in ss)
-            meas = sum(s.step_s * s.steps for s in ss) / n
-            out.append({"job": r.spec.name, "gpu_type": t, "gpus": g, "steps": n, "measured_s": meas,
-                        "fitted_s": r.fit.step_time(t, g) if r.fit else None,
-                        "predicted_before_s": r.predicted.get((t, g))})
-    return out
-
-
 # ---- the executor ----------------------------------------------------------------------
 
 def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: str | Path,
@@ -244,44 +91,80 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
 
     `speeds` emulates GPU types: a job computes compute_s / speeds[type] per global batch.
     """
-    pol = get_policy(policy) if isinstance(policy, str) else policy
-    policy = getattr(pol, "policy_name", getattr(pol, "__name__", str(policy)))
-    speeds = {t: 1.0 for t in cluster.names} | dict(speeds or {})
-    if any(not speeds[t] > 0 for t in cluster.names):
-        raise UserError(f"emulated GPU speeds must be > 0, got {speeds}")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    runs: list[_Run] = []
-    for i, s in enumerate(specs):
-        if any(b % g for b in (s.batch, s.max_batch or s.batch) for g in range(1, s.max_gpus + 1)):
-            raise UserError(f"job {s.name}: batch {s.batch} and max_batch {s.max_batch} must divide by every "
-                            f"size up to {s.max_gpus}")
-        if s.max_batch and (s.max_batch < s.batch or s.max_batch % s.batch):
-            raise UserError(f"job {s.name}: max_batch {s.max_batch} must be a multiple of the batch {s.batch}")
-        d = workdir / s.name
-        d.mkdir(parents=True, exist_ok=True)
-        for f in ("progress", "stats.jsonl", "launcher.log"):
-            (d / f).unlink(missing_ok=True)
-        shutil.rmtree(d / "elastic", ignore_errors=True)  # the job's commits (hetrain.elastic.State)
-        prior = RingCurve({t: s.compute_s / speeds[t] for t in cluster.names}, model_bytes=model_bytes(),
-                          bandwidth=PRIOR_BANDWIDTH, max_g=s.max_gpus)
-        job = make_job(i, s.name, s.arrival, s.steps, prior, cluster, max_gpus=s.max_gpus,
-                       restart_cost=restart_cost)
-        runs.append(_Run(s, job, d, prior))
-    restart_costs: list[float] = []
-    start_costs: list[float] = []
-    finish_costs: list[float] = []  # last step to the launcher's exit (the GPUs are held meanwhile)
-    decision_ms: list[float] = []
-    t0 = time.time()
-    alloc: dict[int, Alloc] = {}
+    return _WorkloadRun(specs, cluster, policy, workdir, backend, speeds, restart_cost, log).run(poll_s, timeout_s)
 
-    def launch(r: _Run, a: Alloc, now: float) -> None:
-        t = cluster.names[a.type]
+
+def _prepare_job_dir(workdir: Path, spec: RealJobSpec) -> Path:
+    """The job's directory, emptied of a previous run's progress, logs and elastic commits."""
+    d = workdir / spec.name
+    d.mkdir(parents=True, exist_ok=True)
+    for f in ("progress", "stats.jsonl", "launcher.log"):
+        (d / f).unlink(missing_ok=True)
+    shutil.rmtree(d / "elastic", ignore_errors=True)  # the job's commits (hetrain.elastic.State)
+    return d
+
+
+def _check_batches(s: RealJobSpec) -> None:
+    """Every world size a job may get must split its batches evenly; reject the spec up front."""
+    if any(b % g for b in (s.batch, s.max_batch or s.batch) for g in range(1, s.max_gpus + 1)):
+        raise UserError(f"job {s.name}: batch {s.batch} and max_batch {s.max_batch} must divide by every "
+                        f"size up to {s.max_gpus}")
+    if s.max_batch and (s.max_batch < s.batch or s.max_batch % s.batch):
+        raise UserError(f"job {s.name}: max_batch {s.max_batch} must be a multiple of the batch {s.batch}")
+
+
+class _WorkloadRun:
+    """One real run of a workload: the polling loop and its state.
+
+    The loop polls every job's progress and launcher (`_poll_job`), relaunches stopped jobs
+    at their decided allocation (`_relaunch_stopped`) and calls the policy on arrivals,
+    completions and rounds (`_replan`), as the simulator does. A class rather than one long
+    function so that the job bookkeeping, the restart path and the result collection can
+    each be read on their own.
+    """
+
+    def __init__(self, specs: list[RealJobSpec], cluster: Inventory, policy, workdir: str | Path,
+                 backend: Backend, speeds: dict[str, float] | None, restart_cost: float, log) -> None:
+        self.pol = get_policy(policy) if isinstance(policy, str) else policy
+        self.policy_name = getattr(self.pol, "policy_name", getattr(self.pol, "__name__", str(policy)))
+        self.speeds = {t: 1.0 for t in cluster.names} | dict(speeds or {})
+        if any(not self.speeds[t] > 0 for t in cluster.names):
+            raise UserError(f"emulated GPU speeds must be > 0, got {self.speeds}")
+        self.cluster, self.backend, self.log = cluster, backend, log
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.runs: list[JobRun] = []
+        for i, s in enumerate(specs):
+            _check_batches(s)
+            d = _prepare_job_dir(workdir, s)
+            prior = RingCurve({t: s.compute_s / self.speeds[t] for t in cluster.names}, model_bytes=model_bytes(),
+                              bandwidth=PRIOR_BANDWIDTH, max_g=s.max_gpus)
+            job = make_job(i, s.name, s.arrival, s.steps, prior, cluster, max_gpus=s.max_gpus,
+                           restart_cost=restart_cost)
+            self.runs.append(JobRun(s, job, d, prior))
+        self.restart_costs: list[float] = []
+        self.start_costs: list[float] = []
+        self.finish_costs: list[float] = []  # last step to the launcher's exit (the GPUs are held meanwhile)
+        self.decision_ms: list[float] = []
+        self.alloc: dict[int, Alloc] = {}
+        self.active: list[JobRun] = []
+        self.arrived: set[int] = set()
+        self.replan = True
+        self.t0 = time.time()
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # ---- one job ----
+
+    def launch(self, r: JobRun, a: Alloc, now: float) -> None:
+        """Start the job's launcher at allocation `a` (a cold start or a restart)."""
+        t = self.cluster.names[a.type]
         r.proc = launch_job(r.dir, a.n, ["--steps", str(r.spec.steps), "--batch", str(r.job.batch_for(a) or r.spec.batch),
                                          "--base-batch", str(r.spec.batch), "--seed", str(r.spec.seed),
                                          "--noise-scale", str(r.spec.noise_scale),
-                                         "--compute-s", f"{r.spec.compute_s / speeds[t]:.6f}"],
-                            backend=backend, gpu_type=t)
+                                         "--compute-s", f"{r.spec.compute_s / self.speeds[t]:.6f}"],
+                            backend=self.backend, gpu_type=t)
         r.alloc, r.launched_at, r.launch_step = a, now, read_progress(r.dir).step
         r.live = None
         if r.fit is not None:
@@ -292,120 +175,117 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
             r.restarts += 1
         r.job.started = True
 
-    def refit(r: _Run) -> None:
+    def refit(self, r: JobRun) -> None:
+        """Fit the job's ring curve (and goodput model) to what it measured, for the policy."""
         r.fit = fit_job(r.all_samples(), r.prior, r.spec.batch)
-        r.job.base_rates = rate_table(r.fit.curve(r.spec.max_gpus), cluster.names, r.spec.max_gpus)
+        r.job.base_rates = rate_table(r.fit.curve(r.spec.max_gpus), self.cluster.names, r.spec.max_gpus)
         _even_sizes_only(r.job.base_rates, r.spec.batch)
         if r.spec.max_batch > r.spec.batch:  # goodput at the noise scale the workers measured
             noise = read_progress(r.dir).noise_scale if r.samples or r.live else r.spec.noise_scale
             model = batch_model(r.spec, r.fit, noise)
-            r.job.goodput_rates, r.job.batch_table = model.goodput_table(r.job.base_rates, cluster.names)
+            r.job.goodput_rates, r.job.batch_table = model.goodput_table(r.job.base_rates, self.cluster.names)
             r.job.base_batch = r.spec.batch
-        use_goodput([r.job], getattr(pol, "adapts_batch", False))
+        use_goodput([r.job], getattr(self.pol, "adapts_batch", False))
 
-    for r in runs:
-        refit(r)  # the prior (no samples yet), with goodput where the job may change its batch
-    active: list[_Run] = []
-    arrived: set[int] = set()
-    replan = True
-    round_s = getattr(pol, "round_s", None)  # round-based policies (Gavel) re-plan every round too
-    last_plan = last_poll = 0.0
-    try:
-        while True:
-            now = time.time() - t0
-            for r in active:  # GPU-seconds held per type, as the simulator keeps them
-                if r.alloc is not None:
-                    r.job.service_s[r.alloc.type] += now - last_poll
-            last_poll = now
-            if round_s and active and now - last_plan >= round_s:
-                replan = True
-            if now > timeout_s:
-                raise RuntimeError(f"workload did not finish in {timeout_s} s")
-            for r in runs:
-                if r.job.job_id not in arrived and r.spec.arrival <= now:
-                    arrived.add(r.job.job_id)
-                    active.append(r)
-                    replan = True
-            for r in list(active):
-                prog = read_progress(r.dir)
-                if r.alloc is not None and prog.step > r.launch_step and prog.world == r.alloc.n:
-                    r.live = _sample(prog, cluster.names[r.alloc.type])  # this run's steps so far
-                # cost measurement: first step after a (re)launch
-                if r.launched_at is not None and prog.step > r.launch_step:
-                    model = r.fit or fit_job([], r.prior)
-                    step_s = model.step_time(cluster.names[r.alloc.type], r.alloc.n)
-                    cost = max(0.0, (time.time() - t0) - r.launched_at - step_s)
-                    if r.first_launch:
-                        start_costs.append(cost)
-                        r.first_launch = False
-                    elif r.pending_cost is not None:
-                        restart_costs.append(r.pending_cost + cost)
-                    r.pending_cost = None
-                    r.launched_at = None
-                if r.proc is not None and r.proc.poll() is not None:
-                    code = r.proc.returncode
-                    r.proc = None
-                    if r.live:
-                        r.samples.append(r.live)
-                        r.live = None
-                    if code in (-signal.SIGUSR1, EXIT_STOPPED) and read_progress(r.dir).work >= r.spec.steps - 1e-6:
-                        code = 0  # it had finished when a late stop request reached it (its last commit says done)
-                    if code == 0:
-                        r.finish = time.time() - t0
-                        finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))
-                        active.remove(r)
-                        alloc.pop(r.job.job_id, None)
-                        log(f"[{r.finish:6.1f}s] job {r.spec.name} finished (JCT {r.finish - r.spec.arrival:.1f}s)")
-                        replan = True
-                    elif code == EXIT_STOPPED:
-                        r.pending_cost = time.time() - t0 - r.stopping_since
-                        r.stopping_since = None
-                        r.alloc = None
-                    else:
-                        tail = (r.dir / "launcher.log").read_text(errors="replace")[-3000:]
-                        raise RuntimeError(f"job {r.spec.name} failed (launcher exit code {code}):\n{tail}")
-            if restart_costs or start_costs:  # feed the measured costs to the policy
-                for r in runs:
-                    r.job.restart_cost = float(np.mean(restart_costs or start_costs))
-                    r.job.start_cost = float(np.mean(start_costs or restart_costs))
-            if not active and len(arrived) == len(runs):
-                break
-            # GPUs count as free from the stop request on (a stopping job runs at most one more
-            # step), as in the simulator; a stopped job relaunches as soon as its ranks exit,
-            # with the allocation of the latest decision
-            for r in active:
-                if r.proc is None and r.target is not None and r.alloc != r.target:
-                    launch(r, r.target, time.time() - t0)
-                    log(f"[{time.time() - t0:6.1f}s] job {r.spec.name}: start on {r.target.n} "
-                        f"{cluster.names[r.target.type]}")
-            if replan:  # on arrivals and completions, as the simulator (a stop request waits
-                # in a launcher that is still starting: it starts with SIGUSR1 blocked)
-                replan = False
-                now = last_plan = time.time() - t0
-                t_dec = time.perf_counter()
-                for r in active:
-                    r.job.remaining = max(0.0, r.spec.steps - read_progress(r.dir).work)
-                    refit(r)
-                jobs = [r.job for r in active]
-                new = pol(jobs, cluster, dict(alloc), now)
-                check_allocation(jobs, cluster, new)
-                decision_ms.append(1e3 * (time.perf_counter() - t_dec))
-                for r in active:
-                    jid = r.job.job_id
-                    old_a, new_a = alloc.get(jid), new.get(jid)
-                    if old_a == new_a:
-                        continue
-                    r.target = new_a
-                    if r.proc is not None and r.stopping_since is None:
-                        # running: stop at the next step boundary, restart when it exits
-                        r.stopping_since = now
-                        r.proc.send_signal(signal.SIGUSR1)
-                    log(f"[{now:6.1f}s] job {r.spec.name}: {_describe(old_a, cluster)} -> "
-                        f"{_describe(new_a, cluster)}" + (" (stop/restart)" if r.proc is not None else ""))
-                alloc = dict(new)
-            time.sleep(poll_s)
-    finally:
-        for r in runs:
+    def _measure_launch_cost(self, r: JobRun) -> None:
+        """On the first step after a (re)launch: time the cold start or the stop/restart."""
+        model = r.fit or fit_job([], r.prior)
+        step_s = model.step_time(self.cluster.names[r.alloc.type], r.alloc.n)
+        cost = max(0.0, self.now() - r.launched_at - step_s)
+        if r.first_launch:
+            self.start_costs.append(cost)
+            r.first_launch = False
+        elif r.pending_cost is not None:
+            self.restart_costs.append(r.pending_cost + cost)
+        r.pending_cost = None
+        r.launched_at = None
+
+    def _on_exit(self, r: JobRun, code: int) -> None:
+        """The job's launcher exited: finished, stopped for a new allocation, or failed."""
+        r.proc = None
+        if r.live:
+            r.samples.append(r.live)
+            r.live = None
+        if code in (-signal.SIGUSR1, EXIT_STOPPED) and read_progress(r.dir).work >= r.spec.steps - 1e-6:
+            code = 0  # it had finished when a late stop request reached it (its last commit says done)
+        if code == 0:
+            r.finish = self.now()
+            self.finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))
+            self.active.remove(r)
+            self.alloc.pop(r.job.job_id, None)
+            self.log(f"[{r.finish:6.1f}s] job {r.spec.name} finished (JCT {r.finish - r.spec.arrival:.1f}s)")
+            self.replan = True
+        elif code == EXIT_STOPPED:
+            r.pending_cost = self.now() - r.stopping_since
+            r.stopping_since = None
+            r.alloc = None
+        else:
+            tail = (r.dir / "launcher.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"job {r.spec.name} failed (launcher exit code {code}):\n{tail}")
+
+    def _poll_job(self, r: JobRun) -> None:
+        prog = read_progress(r.dir)
+        if r.alloc is not None and prog.step > r.launch_step and prog.world == r.alloc.n:
+            r.live = sample_of(prog, self.cluster.names[r.alloc.type])  # this run's steps so far
+        if r.launched_at is not None and prog.step > r.launch_step:
+            self._measure_launch_cost(r)
+        if r.proc is not None and r.proc.poll() is not None:
+            self._on_exit(r, r.proc.returncode)
+
+    # ---- the workload ----
+
+    def _admit_arrivals(self, now: float) -> None:
+        for r in self.runs:
+            if r.job.job_id not in self.arrived and r.spec.arrival <= now:
+                self.arrived.add(r.job.job_id)
+                self.active.append(r)
+                self.replan = True
+
+    def _share_measured_costs(self) -> None:
+        """Feed the measured restart and cold-start costs to the policy (every job alike)."""
+        if self.restart_costs or self.start_costs:
+            for r in self.runs:
+                r.job.restart_cost = float(np.mean(self.restart_costs or self.start_costs))
+                r.job.start_cost = float(np.mean(self.start_costs or self.restart_costs))
+
+    def _relaunch_stopped(self) -> None:
+        # GPUs count as free from the stop request on (a stopping job runs at most one more
+        # step), as in the simulator; a stopped job relaunches as soon as its ranks exit,
+        # with the allocation of the latest decision
+        for r in self.active:
+            if r.proc is None and r.target is not None and r.alloc != r.target:
+                self.launch(r, r.target, self.now())
+                self.log(f"[{self.now():6.1f}s] job {r.spec.name}: start on {r.target.n} "
+                         f"{self.cluster.names[r.target.type]}")
+
+    def _replan(self, now: float) -> None:
+        """Refit every active job, ask the policy, and send a stop request to each running job
+        whose allocation changed (it restarts at the new one once its ranks exit)."""
+        t_dec = time.perf_counter()
+        for r in self.active:
+            r.job.remaining = max(0.0, r.spec.steps - read_progress(r.dir).work)
+            self.refit(r)
+        jobs = [r.job for r in self.active]
+        new = self.pol(jobs, self.cluster, dict(self.alloc), now)
+        check_allocation(jobs, self.cluster, new)
+        self.decision_ms.append(1e3 * (time.perf_counter() - t_dec))
+        for r in self.active:
+            jid = r.job.job_id
+            old_a, new_a = self.alloc.get(jid), new.get(jid)
+            if old_a == new_a:
+                continue
+            r.target = new_a
+            if r.proc is not None and r.stopping_since is None:
+                # running: stop at the next step boundary, restart when it exits
+                r.stopping_since = now
+                r.proc.send_signal(signal.SIGUSR1)
+            self.log(f"[{now:6.1f}s] job {r.spec.name}: {_describe(old_a, self.cluster)} -> "
+                     f"{_describe(new_a, self.cluster)}" + (" (stop/restart)" if r.proc is not None else ""))
+        self.alloc = dict(new)
+
+    def _stop_all(self) -> None:
+        """Terminate every launcher still running (on success none is; on an error, all)."""
+        for r in self.runs:
             if r.proc is not None and r.proc.poll() is None:
                 r.proc.send_signal(signal.SIGTERM)
                 try:
@@ -413,17 +293,55 @@ def run_workload(specs: list[RealJobSpec], cluster: Inventory, policy, workdir: 
                 except subprocess.TimeoutExpired:
                     r.proc.kill()
                     r.proc.wait()
-    for r in runs:
-        refit(r)
-    jct = {r.spec.name: r.finish - r.spec.arrival for r in runs}
-    return {"policy": policy, "cluster": cluster.spec, "backend": backend.kind, "jct_s": jct,
-            "avg_jct_s": float(np.mean(list(jct.values()))),
-            "restarts": sum(r.restarts for r in runs), "restart_costs_s": restart_costs,
-            "start_costs_s": start_costs, "finish_costs_s": finish_costs, "decision_ms": decision_ms,
-            "fits": {r.spec.name: _fit_dict(r.fit, r.spec) for r in runs},
-            "step_times": measured_step_times(runs, cluster.names),
-            "noise_scale": {r.spec.name: read_progress(r.dir).noise_scale for r in runs},
-            "_curves": {r.spec.name: (r.fit, read_progress(r.dir).noise_scale) for r in runs}}
+
+    def run(self, poll_s: float, timeout_s: float) -> dict:
+        for r in self.runs:
+            self.refit(r)  # the prior (no samples yet), with goodput where the job may change its batch
+        round_s = getattr(self.pol, "round_s", None)  # round-based policies (Gavel) re-plan every round too
+        last_plan = last_poll = 0.0
+        try:
+            while True:
+                now = self.now()
+                for r in self.active:  # GPU-seconds held per type, as the simulator keeps them
+                    if r.alloc is not None:
+                        r.job.service_s[r.alloc.type] += now - last_poll
+                last_poll = now
+                if round_s and self.active and now - last_plan >= round_s:
+                    self.replan = True
+                if now > timeout_s:
+                    raise RuntimeError(f"workload did not finish in {timeout_s} s")
+                self._admit_arrivals(now)
+                for r in list(self.active):
+                    self._poll_job(r)
+                self._share_measured_costs()
+                if not self.active and len(self.arrived) == len(self.runs):
+                    break
+                self._relaunch_stopped()
+                if self.replan:  # on arrivals and completions, as the simulator (a stop request waits
+                    # in a launcher that is still starting: it starts with SIGUSR1 blocked)
+                    self.replan = False
+                    now = last_plan = self.now()
+                    self._replan(now)
+                time.sleep(poll_s)
+        finally:
+            self._stop_all()
+        return self.results()
+
+    def results(self) -> dict:
+        """JCTs, restarts, the measured costs, the final fits and the decision overheads."""
+        runs = self.runs
+        for r in runs:
+            self.refit(r)
+        jct = {r.spec.name: r.finish - r.spec.arrival for r in runs}
+        return {"policy": self.policy_name, "cluster": self.cluster.spec, "backend": self.backend.kind, "jct_s": jct,
+                "avg_jct_s": float(np.mean(list(jct.values()))),
+                "restarts": sum(r.restarts for r in runs), "restart_costs_s": self.restart_costs,
+                "start_costs_s": self.start_costs, "finish_costs_s": self.finish_costs,
+                "decision_ms": self.decision_ms,
+                "fits": {r.spec.name: _fit_dict(r.fit, r.spec) for r in runs},
+                "step_times": measured_step_times(runs, self.cluster.names),
+                "noise_scale": {r.spec.name: read_progress(r.dir).noise_scale for r in runs},
+                "_curves": {r.spec.name: (r.fit, read_progress(r.dir).noise_scale) for r in runs}}
 
 
 def _describe(a: Alloc | None, cluster: Inventory) -> str:
@@ -523,7 +441,7 @@ def fit_sweep(sizes: Sequence[int] = (1, 2, 4), steps: int = 16, compute_s: floa
                               gpu_type=gpu_type)
             if proc.wait() != 0:
                 raise RuntimeError(f"fit sweep at {g} GPUs failed:\n" + (d / "launcher.log").read_text()[-2000:])
-            samples[g] = _sample(read_progress(d), gpu_type)
+            samples[g] = sample_of(read_progress(d), gpu_type)
     full = fit_job(list(samples.values()), prior)
     rows = []
     for g, smp in samples.items():

@@ -64,6 +64,52 @@ class SimResult:
                 "decision_ms": 1e3 * self.decision_wall_s / max(1, self.decisions), "wall_s": self.wall_s}
 
 
+def _reset_jobs(jobs: Sequence[Job], cluster: Inventory, pol: Policy) -> None:
+    """Fresh scheduler state on every job: not started, no GPU time held; a batch-adapting
+    policy sees goodput rates, any other the base rates."""
+    use_goodput(jobs, getattr(pol, "adapts_batch", False))
+    for j in jobs:
+        j.started = False
+        j.service_s = np.zeros(len(cluster.names))
+
+
+def _completion_times(act: np.ndarray, now: float, rate: np.ndarray, rem: np.ndarray,
+                      pause_until: np.ndarray) -> tuple[np.ndarray, float]:
+    """When each active job would finish at its current rate (after any pause), and the
+    earliest of them; a job with no GPUs (rate 0) never finishes on its own."""
+    if not len(act):
+        return np.zeros(0), np.inf
+    r = rate[act]
+    begin = np.maximum(now, pause_until[act])
+    with np.errstate(divide="ignore"):
+        t_done = np.where(r > 0, begin + rem[act] / np.where(r > 0, r, 1.0), np.inf)
+    return t_done, float(t_done.min())
+
+
+def _apply_changes(jobs: Sequence[Job], idx_of: dict[int, int], alloc: Allocation, new: Allocation, now: float,
+                   rate: np.ndarray, pause_until: np.ndarray, start: np.ndarray, restarts: np.ndarray) -> None:
+    """Apply a decision's changed allocations: a job given GPUs for the first time pauses
+    for its cold-start cost, a started job whose allocation changed pauses for its restart
+    cost (the stop/restart charge), and a job left without GPUs stops progressing."""
+    for jid in set(alloc) | set(new):
+        old_a, new_a = alloc.get(jid), new.get(jid)
+        if old_a == new_a:
+            continue
+        i = idx_of[jid]
+        job = jobs[i]
+        if new_a is None:
+            rate[i] = 0.0
+            continue
+        if job.started:
+            restarts[i] += 1
+            pause_until[i] = now + job.restart_cost
+        else:
+            job.started = True
+            start[i] = now
+            pause_until[i] = now + job.start_cost
+        rate[i] = job.rate(new_a)
+
+
 def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, progress: bool = False,
              validate: bool = True) -> SimResult:
     """Run `jobs` (fresh Job objects; their `remaining` is consumed) to completion."""
@@ -79,11 +125,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     restarts = np.zeros(n, dtype=np.int64)
-    gpus_of = np.zeros(n, dtype=np.int64)
-    use_goodput(jobs, getattr(pol, "adapts_batch", False))  # a batch-adapting policy sees goodput
-    for j in jobs:
-        j.started = False
-        j.service_s = np.zeros(len(cluster.names))
+    _reset_jobs(jobs, cluster, pol)
     round_s = getattr(pol, "round_s", None)
     idx_of = {j.job_id: i for i, j in enumerate(jobs)}
     if len(idx_of) != n:
@@ -105,15 +147,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
     while ai < n or active:
         act = np.fromiter(active, dtype=np.int64, count=len(active))
         t_arr = float(arrival[order[ai]]) if ai < n else np.inf
-        if len(act):
-            r = rate[act]
-            begin = np.maximum(now, pause_until[act])
-            with np.errstate(divide="ignore"):
-                t_done = np.where(r > 0, begin + rem[act] / np.where(r > 0, r, 1.0), np.inf)
-            t_comp = float(t_done.min())
-        else:
-            t_done = np.zeros(0)
-            t_comp = np.inf
+        t_done, t_comp = _completion_times(act, now, rate, rem, pause_until)
         # round-based policies (Gavel) also re-plan every round while jobs are active
         t_round = now + round_s if round_s and len(act) else np.inf
         t_next = min(t_arr, t_comp, t_round)
@@ -139,7 +173,6 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
             if a is not None:
                 used[a.type] -= a.n
             rate[i] = 0.0
-            gpus_of[i] = 0
         if bar is not None and len(done):
             bar.update(len(done))
         while ai < n and arrival[order[ai]] <= now:
@@ -158,23 +191,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
         decisions += 1
         if validate:
             check_allocation(act_jobs, cluster, new)
-        for jid in set(alloc) | set(new):
-            old_a, new_a = alloc.get(jid), new.get(jid)
-            if old_a == new_a:
-                continue
-            i = idx_of[jid]
-            job = jobs[i]
-            if new_a is None:
-                rate[i] = 0.0
-                continue
-            if job.started:
-                restarts[i] += 1
-                pause_until[i] = now + job.restart_cost
-            else:
-                job.started = True
-                start[i] = now
-                pause_until[i] = now + job.start_cost
-            rate[i] = job.rate(new_a)
+        _apply_changes(jobs, idx_of, alloc, new, now, rate, pause_until, start, restarts)
         alloc = dict(new)
         used[:] = 0
         for a in alloc.values():

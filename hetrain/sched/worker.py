@@ -74,7 +74,8 @@ def stream_batch(start: int, batch: int, n_samples: int, seed: int):
     return out
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The worker's command line (the executor passes the job's decided batch and emulated compute)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--steps", type=int, required=True,
@@ -91,13 +92,54 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compute-s", type=float, default=0.0, help="emulated compute of one base batch, seconds")
+    return ap
+
+
+def _write_progress(job_dir: Path, line: str) -> None:
+    """Replace the job's `progress` file with one line: step, time, world size, timed steps,
+    their compute and communication seconds, then the work done (base steps), this run's
+    batch and the noise scale (`hetrain.sched.progress.read_progress` parses it). Written
+    to a temporary file and renamed, so the executor never reads a half-written one."""
+    tmp = job_dir / "progress.tmp"
+    tmp.write_text(line + "\n")
+    os.replace(tmp, job_dir / "progress")
+
+
+def _append_stats(job_dir: Path, world: int, times: list[float], t_start: float) -> None:
+    """One line per run in `stats.jsonl`: its world size, steps and mean step (first excluded)."""
+    with (job_dir / "stats.jsonl").open("a") as fh:
+        fh.write(json.dumps({"world": world, "steps": len(times), "start": t_start,
+                             "mean_step_s": sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1
+                             else (times[0] if times else None)}) + "\n")
+
+
+def _noise_scale(gns: list[float], assumed: float) -> float:
+    """The gradient noise scale from the moving averages `gns` = [|G|^2, variance, weight];
+    `assumed` until the workers have measured anything."""
+    sqr, var, w = gns
+    if w == 0:
+        return assumed
+    return max(0.0, var / sqr) if sqr > 0 else float("inf")
+
+
+def _track_noise(gns: list[float], local_sqr: float, global_sqr: float, b_local: int, batch: int) -> list[float]:
+    """Fold one step's local and summed gradient square norms into the moving averages."""
+    from hetrain.perf.goodput import NoiseSample, gradient_moments
+
+    sqr, var = gradient_moments([NoiseSample(local_sqr, global_sqr, b_local, batch)])
+    a = 0.9  # AdaptDL-style moving averages of both moments
+    return [a * gns[0] + (1 - a) * float(sqr[0]), a * gns[1] + (1 - a) * float(var[0]), a * gns[2] + (1 - a)]
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     on_stop_request()  # first thing: a request that arrives while torch imports is kept (State uses it)
     args = ap.parse_args(argv)
 
     import torch
 
     import hetrain
-    from hetrain.perf.goodput import NoiseSample, efficiency, scale_lr
+    from hetrain.perf.goodput import efficiency, scale_lr
 
     torch.set_num_threads(1)
     hetrain.init()
@@ -120,20 +162,7 @@ def main(argv=None) -> int:
     b_local = args.batch // world
 
     def noise_scale() -> float:
-        sqr, var, w = state.gns
-        if w == 0:
-            return args.noise_scale
-        return max(0.0, var / sqr) if sqr > 0 else float("inf")
-
-    def track_noise(local_sqr: float, global_sqr: float) -> None:
-        from hetrain.perf.goodput import gradient_moments
-
-        if world < 2:
-            return  # one worker: local and global gradients are the same, nothing to learn
-        sqr, var = gradient_moments([NoiseSample(local_sqr, global_sqr, b_local, args.batch)])
-        a = 0.9  # AdaptDL-style moving averages of both moments
-        state.gns = [a * state.gns[0] + (1 - a) * float(sqr[0]), a * state.gns[1] + (1 - a) * float(var[0]),
-                     a * state.gns[2] + (1 - a)]
+        return _noise_scale(state.gns, args.noise_scale)
 
     @hetrain.elastic.run
     def train(state) -> None:
@@ -154,7 +183,9 @@ def main(argv=None) -> int:
             hetrain.push_pull([(n, p.grad) for n, p in model.named_parameters()] + [("gns.local_sqr", local_sqr)],
                               average=False)
             t2 = time.perf_counter()
-            track_noise(float(local_sqr) / world, sum(float(g.pow(2).sum()) for g in grads))
+            if world > 1:  # one worker: local and global gradients are the same, nothing to learn
+                state.gns = _track_noise(state.gns, float(local_sqr) / world,
+                                         sum(float(g.pow(2).sum()) for g in grads), b_local, args.batch)
             opt.step()
             if args.compute_s > 0:
                 time.sleep(args.compute_s * args.batch / base / world)
@@ -174,12 +205,9 @@ def main(argv=None) -> int:
                 if len(times) > 1:
                     compute_sum += (t1 - t0) + (t3 - t2)
                     comm_sum += (t2 - t1) + (t4 - t3)
-                # step, time, world size, timed steps, their compute and communication seconds,
-                # then the work done (base steps), this run's batch and the noise scale
-                tmp = job_dir / "progress.tmp"
-                tmp.write_text(f"{state.step} {time.time():.6f} {world} {len(times) - 1} {compute_sum:.6f} "
-                               f"{comm_sum:.6f} {state.progress:.6f} {args.batch} {noise_scale():.6g}\n")
-                os.replace(tmp, job_dir / "progress")  # readers never see a half-written file
+                _write_progress(job_dir, f"{state.step} {time.time():.6f} {world} {len(times) - 1} "
+                                f"{compute_sum:.6f} {comm_sum:.6f} {state.progress:.6f} {args.batch} "
+                                f"{noise_scale():.6g}")
             if stopping is not None:
                 raise stopping
         # the loop is over: a later stop request has nothing to stop, and must not kill this
@@ -194,10 +222,7 @@ def main(argv=None) -> int:
     except SystemExit as stopped:  # run() turns an agreed stop into the launcher's exit code
         code = int(stopped.code)
     if rank == 0:
-        with (job_dir / "stats.jsonl").open("a") as fh:
-            fh.write(json.dumps({"world": world, "steps": len(times), "start": t_start,
-                                 "mean_step_s": sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1
-                                 else (times[0] if times else None)}) + "\n")
+        _append_stats(job_dir, world, times, t_start)
     hetrain.shutdown()
     return code
 

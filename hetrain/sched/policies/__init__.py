@@ -9,6 +9,7 @@ new allocation (absent = no GPUs). Policies are pure functions of their argument
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,6 +76,123 @@ def type_weights(jobs: Sequence[Job], ntypes: int) -> np.ndarray:
     return w
 
 
+@dataclass
+class _JobTables:
+    """Dense per-job tables for admission, one row per job in `order`: rates R[j, t, n],
+    minimum size, remaining work, restart penalty (0 until started) and the current
+    allocation's type and size (-1 when the job holds no GPUs)."""
+
+    order: list[Job]
+    rates: np.ndarray
+    mins: np.ndarray
+    rem: np.ndarray
+    penalty: np.ndarray
+    cur_t: np.ndarray
+    cur_n: np.ndarray
+
+    @classmethod
+    def build(cls, order: list[Job], allocation: Allocation, ntypes: int) -> "_JobTables":
+        width = max(j.rates.shape[1] for j in order)
+        nj = len(order)
+        t = cls(order, np.zeros((nj, ntypes, width)), np.empty(nj, dtype=np.int64), np.empty(nj), np.zeros(nj),
+                np.full(nj, -1), np.full(nj, -1))
+        for i, j in enumerate(order):
+            t.rates[i, :, :j.rates.shape[1]] = j.rates
+            t.mins[i] = j.min_gpus
+            t.rem[i] = j.remaining
+            if j.started:
+                t.penalty[i] = j.restart_cost
+            a = allocation.get(j.job_id)
+            if a is not None:
+                t.cur_t[i], t.cur_n[i] = a.type, a.n
+        return t
+
+    @property
+    def width(self) -> int:
+        return self.rates.shape[2]
+
+    def sorted_by_srpt(self) -> "_JobTables":
+        """Shortest estimated remaining time at the minimum size first (restart charged; a
+        running job may keep its current allocation instead); ties by arrival, then id."""
+        nj, width = len(self.order), self.width
+        at_min = self.rates[np.arange(nj), :, np.minimum(self.mins, width - 1)]
+        key = completion_time(self.rem[:, None], at_min, self.penalty[:, None]).min(axis=1)
+        running_now = self.cur_t >= 0
+        key[running_now] = np.minimum(key[running_now], completion_time(
+            self.rem[running_now], self.rates[np.flatnonzero(running_now), self.cur_t[running_now],
+                                              self.cur_n[running_now]]))
+        perm = np.lexsort((np.array([j.job_id for j in self.order]), np.array([j.arrival for j in self.order]), key))
+        return _JobTables([self.order[i] for i in perm], *(x[perm] for x in (
+            self.rates, self.mins, self.rem, self.penalty, self.cur_t, self.cur_n)))
+
+
+def _admit_by_count(feas: np.ndarray, mins: np.ndarray, caps: list[int]) -> tuple[list[int], list[int]]:
+    """Who is admitted: in table order, each job whose minimum fits in some pool, taking it
+    from the pool with the most free GPUs; returns the admitted rows and the GPUs left."""
+    nj, ntypes, width = feas.shape
+    count_free = list(caps)
+    admitted: list[int] = []
+    feas_min = feas[np.arange(nj), :, np.minimum(mins, width - 1)]  # (nj, ntypes)
+    ok_min = (feas_min == mins[:, None]).tolist()
+    for i in range(nj):
+        m = int(mins[i])
+        best_t, best_free = -1, -1
+        for t in range(ntypes):
+            if ok_min[i][t] and count_free[t] >= m and count_free[t] > best_free:
+                best_t, best_free = t, count_free[t]
+        if best_t >= 0:
+            admitted.append(i)
+            count_free[best_t] -= m
+    return admitted, count_free
+
+
+def _place_by_regret(tab: _JobTables, feas: np.ndarray, admitted: list[int], cluster: Inventory,
+                     free: np.ndarray) -> dict[int, Alloc]:
+    """Which type each admitted job gets: in order of regret (seconds lost on the worst usable
+    type versus the best, judged at a fair share of the cluster), each takes the type where
+    it would finish soonest at an equal share with the jobs already placed there. `free` is
+    updated in place."""
+    ntypes, width, caps = len(cluster.names), tab.width, list(cluster.counts)
+    ks = np.arange(width)
+    adm = np.array(admitted, dtype=np.int64)
+    same = (ks[None, None, :] == tab.cur_n[adm, None, None]) & \
+        (np.arange(ntypes)[None, :, None] == tab.cur_t[adm, None, None])
+    cost = completion_time(tab.rem[adm, None, None], tab.rates[adm], np.where(same, 0.0, tab.penalty[adm, None, None]))
+    f = feas[adm]
+    # judge each type at the size a job could expect there: its fair share of the cluster
+    fair = max(1, cluster.total // max(1, len(adm)))
+    want = np.minimum(np.maximum(fair, tab.mins[adm])[:, None], np.array(caps)[None, :])
+    want = np.minimum(want, width - 1)
+    n_fair = np.take_along_axis(f, want[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.take_along_axis(cost, n_fair[:, :, None], axis=2)[:, :, 0]
+    c_fair = np.where(n_fair > 0, c_fair, np.inf)
+    fin = np.isfinite(c_fair)
+    regret = np.where(fin.any(axis=1), np.where(fin, c_fair, -np.inf).max(axis=1) - np.where(fin, c_fair, np.inf).min(axis=1), 0.0)
+    arr = np.array([tab.order[i].arrival for i in adm])
+    ids = np.array([tab.order[i].job_id for i in adm])
+    rank = np.lexsort((ids, arr, -regret))
+    f_l, c_l = f.tolist(), cost.tolist()
+    out: dict[int, Alloc] = {}
+    on_type = [0] * ntypes
+    for k in rank.tolist():
+        i = int(adm[k])
+        m = int(tab.mins[i])
+        best_t, best_c = -1, np.inf
+        for t in range(ntypes):
+            if free[t] < m:
+                continue
+            # the size this job may expect on t: an equal share with the jobs already there
+            n = f_l[k][t][min(max(m, caps[t] // (on_type[t] + 1)), width - 1)]
+            c = c_l[k][t][n] if n else np.inf
+            if c < best_c:
+                best_t, best_c = t, c
+        if best_t >= 0:
+            out[tab.order[i].job_id] = Alloc(best_t, m)
+            free[best_t] -= m
+            on_type[best_t] += 1
+    return out
+
+
 def admit_at_minimum(jobs: Sequence[Job], cluster: Inventory, allocation: Allocation, order: str = "arrival"
                      ) -> tuple[dict[int, Alloc], np.ndarray]:
     """Give jobs their minimum size on one GPU type each; returns the tentative
@@ -94,93 +212,18 @@ def admit_at_minimum(jobs: Sequence[Job], cluster: Inventory, allocation: Alloca
     Estimates charge the restart cost when the type or size differs from the current one.
     """
     free = cluster.capacity.copy()
-    ntypes = len(cluster.names)
-    caps = list(cluster.counts)
-    by = order
     running = sorted((j for j in jobs if j.job_id in allocation), key=lambda j: (j.arrival, j.job_id))
     waiting = sorted((j for j in jobs if j.job_id not in allocation), key=lambda j: (j.arrival, j.job_id))
-    order = running + waiting
-    if not order:
+    if not running + waiting:
         return {}, free
-    # dense tables over the jobs: rates R[j, t, n], largest usable count <= n F[j, t, n],
-    # estimated completion C[j, t, n] (restart charged off the current allocation)
-    width = max(j.rates.shape[1] for j in order)
-    nj = len(order)
-    rates = np.zeros((nj, ntypes, width))
-    mins = np.empty(nj, dtype=np.int64)
-    rem = np.empty(nj)
-    penalty = np.zeros(nj)
-    cur_t = np.full(nj, -1)
-    cur_n = np.full(nj, -1)
-    for i, j in enumerate(order):
-        rates[i, :, :j.rates.shape[1]] = j.rates
-        mins[i] = j.min_gpus
-        rem[i] = j.remaining
-        if j.started:
-            penalty[i] = j.restart_cost
-        a = allocation.get(j.job_id)
-        if a is not None:
-            cur_t[i], cur_n[i] = a.type, a.n
-    ks = np.arange(width)
-    if by == "srpt":  # shortest estimated remaining time at the minimum size first (restart charged)
-        at_min = rates[np.arange(nj), :, np.minimum(mins, width - 1)]
-        key = completion_time(rem[:, None], at_min, penalty[:, None]).min(axis=1)
-        running_now = cur_t >= 0
-        key[running_now] = np.minimum(key[running_now], completion_time(
-            rem[running_now], rates[np.flatnonzero(running_now), cur_t[running_now], cur_n[running_now]]))
-        perm = np.lexsort((np.array([j.job_id for j in order]), np.array([j.arrival for j in order]), key))
-        order = [order[i] for i in perm]
-        rates, mins, rem, penalty, cur_t, cur_n = (x[perm] for x in (rates, mins, rem, penalty, cur_t, cur_n))
-    usable = (rates > 0) & (ks[None, None, :] >= mins[:, None, None])
+    # dense tables over the jobs (rates R[j, t, n], ...) and the largest usable count <= n F[j, t, n]
+    tab = _JobTables.build(running + waiting, allocation, len(cluster.names))
+    if order == "srpt":
+        tab = tab.sorted_by_srpt()
+    ks = np.arange(tab.width)
+    usable = (tab.rates > 0) & (ks[None, None, :] >= tab.mins[:, None, None])
     feas = np.maximum.accumulate(np.where(usable, ks[None, None, :], 0), axis=2)
-    count_free = list(caps)
-    admitted: list[int] = []
-    feas_min = feas[np.arange(nj), :, np.minimum(mins, width - 1)]  # (nj, ntypes)
-    ok_min = (feas_min == mins[:, None]).tolist()
-    for i in range(nj):
-        m = int(mins[i])
-        best_t, best_free = -1, -1
-        for t in range(ntypes):
-            if ok_min[i][t] and count_free[t] >= m and count_free[t] > best_free:
-                best_t, best_free = t, count_free[t]
-        if best_t >= 0:
-            admitted.append(i)
-            count_free[best_t] -= m
-    if ntypes == 1:
-        return {order[i].job_id: Alloc(0, int(mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
-    adm = np.array(admitted, dtype=np.int64)
-    same = (ks[None, None, :] == cur_n[adm, None, None]) & (np.arange(ntypes)[None, :, None] == cur_t[adm, None, None])
-    cost = completion_time(rem[adm, None, None], rates[adm], np.where(same, 0.0, penalty[adm, None, None]))
-    f = feas[adm]
-    # judge each type at the size a job could expect there: its fair share of the cluster
-    fair = max(1, cluster.total // max(1, len(adm)))
-    want = np.minimum(np.maximum(fair, mins[adm])[:, None], np.array(caps)[None, :])
-    want = np.minimum(want, width - 1)
-    n_fair = np.take_along_axis(f, want[:, :, None], axis=2)[:, :, 0]
-    c_fair = np.take_along_axis(cost, n_fair[:, :, None], axis=2)[:, :, 0]
-    c_fair = np.where(n_fair > 0, c_fair, np.inf)
-    fin = np.isfinite(c_fair)
-    regret = np.where(fin.any(axis=1), np.where(fin, c_fair, -np.inf).max(axis=1) - np.where(fin, c_fair, np.inf).min(axis=1), 0.0)
-    arr = np.array([order[i].arrival for i in adm])
-    ids = np.array([order[i].job_id for i in adm])
-    rank = np.lexsort((ids, arr, -regret))
-    f_l, c_l = f.tolist(), cost.tolist()
-    out: dict[int, Alloc] = {}
-    on_type = [0] * ntypes
-    for k in rank.tolist():
-        i = int(adm[k])
-        m = int(mins[i])
-        best_t, best_c = -1, np.inf
-        for t in range(ntypes):
-            if free[t] < m:
-                continue
-            # the size this job may expect on t: an equal share with the jobs already there
-            n = f_l[k][t][min(max(m, caps[t] // (on_type[t] + 1)), width - 1)]
-            c = c_l[k][t][n] if n else np.inf
-            if c < best_c:
-                best_t, best_c = t, c
-        if best_t >= 0:
-            out[order[i].job_id] = Alloc(best_t, m)
-            free[best_t] -= m
-            on_type[best_t] += 1
-    return out, free
+    admitted, count_free = _admit_by_count(feas, tab.mins, list(cluster.counts))
+    if len(cluster.names) == 1:
+        return {tab.order[i].job_id: Alloc(0, int(tab.mins[i])) for i in admitted}, np.array(count_free, dtype=np.int64)
+    return _place_by_regret(tab, feas, admitted, cluster, free), free
