@@ -44,9 +44,11 @@ def _results(proc: subprocess.CompletedProcess) -> list[dict]:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "terminate called" not in out and "core dumped" not in out.lower(), out[-4000:]
-    # plain torchrun's ranks share one stdout, so their lines may run together: find each
-    # RESULT object itself (they hold no nested objects)
-    results = [json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", proc.stdout)]
+    # plain torchrun's ranks share one stdout and print's pieces are separate writes, so two
+    # ranks' lines can interleave ("RESULTRESULT  {..}{..}"): find each RESULT object itself
+    # (they hold no nested objects; nothing else the scripts print holds braces)
+    assert "RESULT" in proc.stdout, out[-3000:]
+    results = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", proc.stdout)]
     assert results, out[-3000:]
     return results
 
