@@ -8,6 +8,7 @@ while step(), zero_grad(), state_dict() and the parameter groups are the wrapped
 optimizer's, reached through the wrapper."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import torch
@@ -265,7 +266,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the exchange runs unoverlapped at step(), as the joined workers' does."""
         if self._announced:
             return False
+        t0 = time.perf_counter()
         active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:  # waiting for the other workers, never this worker's compute (the balancer reads it)
+            stats.wait_s += time.perf_counter() - t0
         if active == self.engine.ctx.num_workers:
             return True
         self._announced = True

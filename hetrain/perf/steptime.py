@@ -315,20 +315,21 @@ class StepPlan:
 
 
 def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
-                 memory_per_sample: float = 0.0) -> StepPlan:
+                 memory_per_sample: float = 0.0, drop: bool = True) -> StepPlan:
     """Shares for the unequal-batch strategy, with workers that would not help left out
-    (`labels`, `memory_per_sample`: for the message when the batch does not fit)."""
+    unless `drop` is False (`labels`, `memory_per_sample`: for the message when the batch
+    does not fit)."""
     fixed = np.asarray(fixed, dtype=float)
     per = np.asarray(per_sample, dtype=float)
     caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    keep = useful_workers(global_batch, fixed, per, caps, min_samples)
+    keep = useful_workers(global_batch, fixed, per, caps, min_samples) if drop else caps > 0
     sizes = solve_shares(global_batch, fixed, per, np.where(keep, caps, 0), min_samples, labels, memory_per_sample)
     t = predicted_times(sizes, fixed, per)
     return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), float(np.max(t[sizes > 0], initial=0.0)))
 
 
 def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps=None, pass_fixed=None,
-                    min_passes: int = 1) -> StepPlan:
+                    min_passes: int = 1, drop: bool = True) -> StepPlan:
     """Counts of equal micro-batches of `micro` samples (the last one of the step may be
     smaller when `micro` does not divide the batch): worker i runs k_i passes costing
     fixed_i + k_i · (pass_fixed_i + micro · per_sample_i); Σ k_i · micro covers the global
@@ -343,7 +344,7 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
     pf = np.zeros(n) if pass_fixed is None else np.asarray(pass_fixed, dtype=float)
     caps = np.full(n, units, dtype=np.int64) if micro_caps is None else np.asarray(micro_caps, dtype=np.int64)
     per_unit = pf + micro * np.where(np.isfinite(per) & (per > 0), per, np.nanmean(per) if np.isfinite(per).any() else 1.0)
-    keep = useful_workers(units, fixed, per_unit, caps, min_passes)
+    keep = useful_workers(units, fixed, per_unit, caps, min_passes) if drop else caps > 0
     counts = solve_shares(units, fixed, per_unit, np.where(keep, caps, 0), min_passes)
     sizes = counts * micro
     extra = int(sizes.sum()) - int(global_batch)  # the step's last micro-batch is short
@@ -356,17 +357,19 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
 
 def plan_step(global_batch: int, fixed, per_sample, caps, micro: int = 0, micro_caps=None, pass_fixed=None,
               strategy: Literal["auto", "unequal", "accumulate"] = "auto", min_samples: int = 1, labels=None,
-              memory_per_sample: float = 0.0) -> StepPlan:
+              memory_per_sample: float = 0.0, drop: bool = True) -> StepPlan:
     """The faster of the two strategies for these fits (`strategy="auto"`), or the one
-    asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`."""
+    asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`.
+    `drop`: leave out workers too slow to help (`useful_workers`)."""
     if strategy not in ("auto", "unequal", "accumulate"):
         raise UserError(f"balancing strategy must be 'auto', 'unequal' or 'accumulate', got {strategy!r}")
     if strategy == "accumulate" or (strategy == "auto" and micro > 0):
-        acc = plan_accumulate(global_batch, micro, fixed, per_sample, micro_caps, pass_fixed, min(1, min_samples))
+        acc = plan_accumulate(global_batch, micro, fixed, per_sample, micro_caps, pass_fixed, min(1, min_samples),
+                              drop)
         if strategy == "accumulate":
             return acc
     try:
-        une = plan_unequal(global_batch, fixed, per_sample, caps, min_samples, labels, memory_per_sample)
+        une = plan_unequal(global_batch, fixed, per_sample, caps, min_samples, labels, memory_per_sample, drop)
     except BatchDoesNotFitError:
         if strategy == "auto" and micro > 0:
             return acc

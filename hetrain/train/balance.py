@@ -263,8 +263,11 @@ class Balancer:
         micro = min(self.micro, int(total))
         # accumulation only needs one micro-batch in memory: a worker that cannot hold it runs none
         micro_caps = np.where(self.caps >= micro, int(total), 0)
+        # an epoch's last partial batch keeps every worker: one short step's fixed part is
+        # the fits' least certain number, and a data loader cannot be handed an empty batch
         args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed, min_samples=self.cfg.min_samples,
-                    labels=self.labels, memory_per_sample=self.cfg.memory_per_sample)
+                    labels=self.labels, memory_per_sample=self.cfg.memory_per_sample,
+                    drop=int(total) == self.global_batch)
         if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
             # (an epoch's last partial batch keeps the strategy chosen for the full ones)
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
