@@ -142,17 +142,7 @@ def _direct_round_trip_then_use(gpu_tests):
     lay = gpu_tests._layout([(300,), (20, 30)])
     ts = [torch.randn(300, device="cuda"), torch.randn(20, 30, device="cuda")]
     s = CudaDirect(lay, Cuda(torch.device("cuda", 0)))
-    s.begin()
-    done = []
-    for i in reversed(range(len(ts))):
-        done += s.fill(i, ts[i], 0, ts[i].numel())
-    for pid in done:
-        s.stage_out(pid)
-    ready = []
-    while len(ready) < len(done):
-        ready += s.out_ready(True)
-    gpu_tests._serve(s, ready)
-    s.complete(ts)
+    gpu_tests._round_trip(s, ts)
     return [t * 1.0 for t in ts]  # on the compute stream
 
 

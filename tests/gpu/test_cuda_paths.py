@@ -48,6 +48,22 @@ def _serve(staging, pids, factor=2.0):
         staging.stage_in(pid)
 
 
+def _round_trip(staging, ts):
+    """One step through a CUDA staging as the engine drives it: fill in backward order,
+    copy out, a server doubles each partition, copy back, write the results into `ts`."""
+    staging.begin()
+    done = []
+    for i in reversed(range(len(ts))):
+        done += staging.fill(i, ts[i], 0, ts[i].numel())
+    for pid in done:
+        staging.stage_out(pid)
+    ready = []
+    while len(ready) < len(done):
+        ready += staging.out_ready(True)
+    _serve(staging, ready)
+    staging.complete(ts)
+
+
 @pytest.mark.parametrize("codec", [None, "fp16", "int8", "int4"])
 def test_cuda_direct_staging_round_trip(codec):
     from hetrain.comm.cuda import Cuda, CudaDirect
@@ -59,17 +75,7 @@ def test_cuda_direct_staging_round_trip(codec):
     ts[0] = ts[0].t()  # not contiguous: a copy, written back at the end
     orig = [t.clone() for t in ts]
     s = CudaDirect(lay, Cuda(dev))
-    s.begin()
-    done = []
-    for i in reversed(range(len(ts))):
-        done += s.fill(i, ts[i], 0, ts[i].numel())
-    for pid in done:
-        s.stage_out(pid)
-    ready = []
-    while len(ready) < len(done):
-        ready += s.out_ready(True)
-    _serve(s, ready)
-    s.complete(ts)
+    _round_trip(s, ts)
     torch.cuda.synchronize()
     for a, b in zip(ts, orig):
         want = 2 * b if codec is None else b
