@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hetrain.cli import main as cli
 from hetrain.perf.comm import byteps_split, byteps_time, ring_allreduce_time
 from hetrain.perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, candidates,
                               comm_time, fit, predict, rank)
-from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, plan_job
+from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, model_from_profile, plan_job
+from hetrain.plan.profile import profile_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,3 +194,53 @@ def test_launch_auto_profiles_plans_and_continues(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["prediction"]["candidate"] == plan.ranking[0]["candidate"]
     assert "resumed from commit" in proc.stdout  # the planned round continued the profiled one
+
+
+class _LinearRelu(torch.nn.Module):
+    kind = "dense"
+
+    def __init__(self, n_in: int, n_out: int, relu: bool):
+        super().__init__()
+        self.fc, self.relu = torch.nn.Linear(n_in, n_out), relu
+
+    def forward(self, x):
+        y = self.fc(x)
+        return (torch.relu(y) if self.relu else y,)
+
+
+class _TwoLayers(torch.nn.Module):
+    """8 -> 16 (ReLU) -> 4: a chain the saved-tensor count can be worked out by hand for."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_LinearRelu(8, 16, True), _LinearRelu(16, 4, False)])
+
+    def layer_list(self):
+        return [(f"l{i}", m, m.kind) for i, m in enumerate(self.layers)]
+
+    def example_inputs(self, batch, generator=None):
+        return (torch.randn(batch, 8, generator=generator),)
+
+
+def test_profile_counts_what_autograd_saves_for_backward():
+    """Layer 0 keeps its input (8 floats, for the weight's gradient) and its ReLU output
+    (16 floats); layer 1 keeps its input, which is that same ReLU output: counted once, on
+    layer 0. Weights saved for backward are model state, not activations. The outputs
+    alone (the cut bytes) would be 16 and 4 floats."""
+    prof = profile_model(_TwoLayers(), "two", batch=8, repeats=1)
+    assert [l.stored_act_bytes for l in prof.layers] == [4 * (8 + 16), 0.0]
+    assert [l.act_bytes for l in prof.layers] == [4 * 16, 4 * 4]
+    assert model_from_profile(prof).act_bytes_per_sample == 4 * (8 + 16)
+
+
+def test_memory_counts_saved_tensors_and_refuses():
+    """A device sized for the model state plus the layers' outputs only (what the profile
+    recorded before saved tensors were counted) cannot hold the batch: refused."""
+    prof = profile_model(_TwoLayers(), "two", batch=8, repeats=1)
+    model = model_from_profile(prof)
+    outputs_only = sum(l.act_bytes for l in prof.layers)
+    mem = model.state_factor * model.grad_bytes + 32 * outputs_only
+    cluster = JobCluster((JobWorker("a", 1e-3, 1e9, memory=mem), JobWorker("b", 1e-3, 1e9, memory=mem)))
+    assert not predict(Candidate("allreduce", "equal", False, "fp32"), model, cluster, 64).fits
+    roomy = JobCluster(tuple(JobWorker(w, 1e-3, 1e9, memory=mem * 2) for w in "ab"))
+    assert predict(Candidate("allreduce", "equal", False, "fp32"), model, roomy, 64).fits
