@@ -313,17 +313,10 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
        codec runs without overlap;
     3. `overlap_s`: the median of measured − predicted over overlapped runs (negative
        where overlap also hides part of the per-step overhead; at least −overhead_s).
+    Without a run free of overlap (an all-reduce job always overlaps) the overhead is fitted
+    on the overlapped fp32 runs instead, and overlap adds nothing of its own.
     Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
-    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
-    if not plain:
-        raise UserError("fitting the cost model needs at least one measured run without overlap and codec")
-    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
-    y = np.array([m - p.parts["compute"] for p, m in plain])
-    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
-    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
-        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
-        if inv_eff >= 1.0 and over >= 0:
-            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
+    fitted = _fit_overhead(observations, base)
     coded = [(p, m) for p, m in observations if not p.candidate.overlap and p.parts["codec"] > 0]
     if coded:
         scale = [(m - step_time({**p.parts, "codec": 0.0}, p.candidate, fitted)[0]) / p.parts["codec"]
@@ -333,4 +326,24 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
     if lapped:
         extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
         fitted = replace(fitted, overlap_s=max(-fitted.overhead_s, float(np.median(extra))))
+    return fitted
+
+
+def _fit_overhead(observations: list[tuple[Prediction, float]], base: Fitted) -> Fitted:
+    """Step 1 of `fit`: overhead (and, with two or more plain runs, efficiency)."""
+    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
+    if not plain:
+        lapped = [(p, m) for p, m in observations if p.candidate.overlap and p.candidate.codec == "fp32"]
+        if not lapped:
+            raise UserError("fitting the cost model needs at least one measured run without a codec")
+        zero = replace(base, overhead_s=0.0, overlap_s=0.0)
+        rest = [m - step_time(p.parts, p.candidate, zero)[0] for p, m in lapped]
+        return replace(base, overhead_s=max(0.0, float(np.median(rest))))
+    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
+    y = np.array([m - p.parts["compute"] for p, m in plain])
+    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
+    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
+        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if inv_eff >= 1.0 and over >= 0:
+            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
     return fitted

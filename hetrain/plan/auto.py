@@ -57,7 +57,9 @@ def fitted_from_run(run_dir: str | Path, cluster: ClusterSpec,
     mode = {"colocated": "byteps"}.get(summary.get("mode", ""), summary.get("mode", ""))
     if mode not in COMM_MODES:
         raise UserError(f"{run_dir}/summary.json: mode {summary.get('mode')!r} cannot be profiled for planning")
-    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", False, "fp32")
+    # all-reduce always overlaps (buckets from backward's hooks); the server modes ran without
+    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", mode == "allreduce",
+                         "fp32")
     facts = summary.get("model")
     if not facts:
         raise UserError(f"{run_dir}/summary.json has no `model` facts: the script does not record them "

@@ -134,6 +134,32 @@ def test_fit_recovers_overhead_and_efficiency():
     assert got.overhead_s == pytest.approx(0.02, rel=1e-6) and got.efficiency == pytest.approx(0.6, rel=1e-5)
 
 
+
+def test_fit_overhead_from_an_overlapped_all_reduce_alone():
+    """An all-reduce job always overlaps: its profiled step alone fits the overhead (what
+    `launch --auto` has), and the fitted model reproduces that step."""
+    rng = np.random.default_rng(5)
+    cluster, model, _ = synthetic(rng, 3, 0)
+    cand = Candidate("allreduce", "balanced", True, "fp32")
+    truth = Fitted(overhead_s=0.015)
+    measured = predict(cand, model, cluster, 12, truth).step_s
+    got = fit([(predict(cand, model, cluster, 12), measured)])
+    assert got.overhead_s == pytest.approx(0.015, rel=1e-6) and got.overlap_s == 0.0
+    assert predict(cand, model, cluster, 12, got).step_s == pytest.approx(measured, rel=1e-9)
+
+
+def test_rate_limited_all_reduce_leaves_no_bucket_after_backward():
+    """Paced before its sends (the in-process limiter), an overlapped all-reduce hides all
+    of its exchange behind a longer compute; on real links its last piece stays exposed."""
+    workers = (JobWorker("a", 1e-2, 1e7), JobWorker("b", 1e-2, 1e7))
+    model = JobModel("m", grad_bytes=1e6, act_bytes_per_sample=0.0)  # ring: 1e6 B at 1e7 B/s = 0.1 s
+    cand = Candidate("allreduce", "equal", True, "fp32")
+    paced = predict(cand, model, JobCluster(workers, overlap_window=1.0, paced_before_send=True), 40)
+    real = predict(cand, model, JobCluster(workers, overlap_window=1.0), 40)
+    assert paced.step_s == pytest.approx(0.2)  # compute 20 x 10 ms; the 0.1 s exchange hidden
+    assert real.step_s == pytest.approx(0.2 + 0.1 / Fitted().partitions)
+
+
 CLUSTER = """name: tiny
 machines:
   - {name: w0, role: worker, device: {kind: fast, speed: 1.0, memory: 64MiB}, bandwidth: 1gbit}
