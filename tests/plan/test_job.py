@@ -26,7 +26,8 @@ def synthetic(rng, n: int, k: int):
     workers = tuple(JobWorker(f"w{i}", float(rng.uniform(1e-4, 5e-3)), bw, float(rng.uniform(0, 5e-3)),
                               price_per_hour=float(rng.uniform(0.5, 3))) for i in range(n))
     # partitions of a micro-byte: pushes and pulls fully pipelined, the closed forms' regime
-    cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6)
+    cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6,
+                         paced_before_send=bool(rng.integers(2)))
     model = JobModel("m", float(rng.choice([1e5, 1e6, 1e7])), float(rng.uniform(1e3, 1e5)))
     fitted = Fitted(overhead_s=float(rng.uniform(0, 0.01)), efficiency=float(rng.uniform(0.5, 1.0)),
                     codec_s_per_byte={c: float(rng.uniform(0, 5e-9)) for c in CODEC_RATIO},
@@ -60,7 +61,8 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
         codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
     exposed = comm + codec
     if cand.overlap:
-        exposed = max(exposed - cluster.overlap_window * compute, exposed / fitted.partitions)
+        paced = cand.mode == "allreduce" and cluster.paced_before_send  # no bucket left after backward
+        exposed = max(exposed - cluster.overlap_window * compute, 0.0 if paced else exposed / fitted.partitions)
     return compute + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0)
 
 
