@@ -284,7 +284,8 @@ def profile_model(model, name: str = "model", batch: int = 32, repeats: int = 5,
     (`cuda=None`; True/False forces it), stored under ``devices``."""
     import torch
 
-    times, acts, saved = layer_times(model, "cpu", batch=batch, repeats=repeats, seed=seed, progress=progress, name=name)
+    times, acts, saved = layer_times(model, "cpu", batch=batch, repeats=repeats, seed=seed, progress=progress,
+                                     name=name)
     layers = []
     for (lname, layer, kind), t, act, kept in zip(model.layer_list(), times, acts, saved):
         dense, sparse = _param_bytes(layer)
