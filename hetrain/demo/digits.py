@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     # round balances afresh for its own (possibly fewer) workers.
     state = hetrain.elastic.State(model=model, optimizer=opt, loader=loader)
     counts = {"samples": 0, "steps": 0}
-    clock, acts = StepClock(), ActivationMeter()  # measured step time and memory, against a plan's prediction
+    clock, acts = StepClock(), ActivationMeter(model)  # measured step time and memory, against a plan's prediction
     limit = profile_steps()  # `hetrain launch --auto`'s profiling round: a few steps, then plan
 
     @hetrain.elastic.run
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     me = rank if len(steplog.labels) > 1 else 0
     mine = {"samples": samples, "steps": step, "wall_s": wall, "compute_s": steplog.totals["compute_s"][me],
             "comm_s": st.comm_s, "wait_s": st.wait_s, "bytes": st.bytes_sent + st.bytes_received,
-            "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak}
+            "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak()}
     rows = gather_stats(ctx, mine)
     if rank == 0:
         _report(args, ctx, model, xte, yte, rows, wall, loader, steplog, clock, acts, writer, run_dir)

@@ -23,7 +23,7 @@ from hetrain.cluster.device import EmulatedDevice
 from hetrain.models import ZOO, build_model
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import (ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
+from hetrain.train.summary import (SKIP_STEPS, ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
                                    model_facts, planned, prediction_check, profile_steps, state_bytes,
                                    write_summary)
 
@@ -72,12 +72,12 @@ def main(argv=None) -> int:
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(os.path.join(run_dir, "tb"))
     steplog = StepLogger(ctx, run_dir, writer)
-    probe = ActivationMeter()  # bytes one sample keeps for backward: what caps a share by memory
+    probe = ActivationMeter(model)  # bytes one sample keeps for backward: what caps a share by memory
     with probe:
         model(*(t[:1].to(device) for t in data.tensors[:-1]))
-    loader = BalancedLoader(data, args.global_batch, optimizer=opt, memory_per_sample=float(probe.peak), device=device,
+    loader = BalancedLoader(data, args.global_batch, optimizer=opt, memory_per_sample=float(probe.peak()), device=device,
                             balance=args.balance, logger=steplog, seed=1)
-    clock, acts = StepClock(), ActivationMeter()
+    clock, acts = StepClock(), ActivationMeter(model)
     samples = steps = 0
     limit = profile_steps()  # `hetrain launch --auto`'s profiling round: a few steps, then plan
     t0 = time.perf_counter()
@@ -97,12 +97,13 @@ def main(argv=None) -> int:
     loader.finish()
     wall = time.perf_counter() - t0
     st = hetrain.engine().stats
-    step_s = clock.median() if args.warmup_steps is None else clock.median(args.warmup_steps)
+    skip = SKIP_STEPS if args.warmup_steps is None else args.warmup_steps
+    step_s = clock.median(skip)
     me = rank if len(steplog.labels) > 1 else 0
     rows = gather_stats(ctx, {"samples": samples, "steps": steps, "wall_s": wall,
                               "compute_s": steplog.totals["compute_s"][me], "comm_s": st.comm_s, "wait_s": st.wait_s,
                               "bytes": st.bytes_sent + st.bytes_received, "step_s": step_s,
-                              "memory": state_bytes(model, opt) + acts.peak})
+                              "memory": state_bytes(model, opt) + acts.peak(skip)})
     if rank == 0:
         labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
         print(format_table(rows, labels))
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
             print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
                   f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
             log_prediction(writer, check)
-        write_summary(run_dir, {"model_name": args.model, "model": model_facts(model, acts),
+        write_summary(run_dir, {"model_name": args.model, "model": model_facts(model, acts, skip),
                                 "global_batch": args.global_batch, "mode": ctx.comm.mode, "balance": args.balance,
                                 "samples_per_s": sum(r["samples"] for r in rows) / wall, "step_s": rows[0]["step_s"],
                                 "prediction": check, "ranks": dict(zip(labels, rows))})

@@ -202,27 +202,15 @@ def saved_bytes(model, inputs, batch: int) -> tuple[float, ...]:
     is the next convolution's input: one tensor), leaving out parameters (saved for the
     weight gradient, yet held by the model state already). The same count on any device,
     with no CUDA memory statistics."""
-    import torch
-
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[tuple] = set()
-    total = [0]
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        if ptr not in params and key not in seen:
-            seen.add(key)
-            total[0] += t.numel() * t.element_size()
-        return t
+    from ..runtime.memory import SavedTensorCounter
 
     out, x = [], tuple(inputs)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensorCounter(model.parameters()) as counter:
         for _name, layer, _kind in model.layer_list():
-            before = total[0]
+            before = counter.total
             x = layer(*x)
             x = x if isinstance(x, tuple) else (x,)
-            out.append((total[0] - before) / batch)
+            out.append((counter.total - before) / batch)
     return tuple(out)
 
 

@@ -13,6 +13,9 @@ capped by the hardware rather than by a number typed into the cluster file:
 These read the kernel's own files (/proc, /sys/fs/cgroup): device facts, not data.
 The CUDA calls are isolated in the two `_cuda_*` helpers and run only where
 `torch.cuda.is_available()`.
+
+`SavedTensorCounter` counts what a forward keeps for backward: the one count behind the
+planner's activation profile and a run's measured activation memory.
 """
 from __future__ import annotations
 
@@ -186,3 +189,35 @@ def synchronize(device: torch.device) -> None:
     on the host says nothing about them until they are done)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class SavedTensorCounter:
+    """Bytes autograd keeps for backward inside a `with` block, the one count both the
+    planner's profiler and the run's `ActivationMeter` use, so prediction and measurement
+    count the same thing: every tensor the graph saves (through
+    `torch.autograd.graph.saved_tensors_hooks`), each once however many nodes save it (a
+    ReLU's output is also the next layer's input), leaving out tensors whose storage is a
+    parameter's (saved for the weight gradient, yet held by the model state already).
+    The same count on any device, with no CUDA memory statistics."""
+
+    def __init__(self, params=()) -> None:
+        self._params = {p.untyped_storage().data_ptr() for p in params}
+        self._seen: set[tuple] = set()
+        self.total = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if ptr not in self._params and key not in self._seen:
+            self._seen.add(key)
+            self.total += t.numel() * t.element_size()
+        return t
+
+    def __enter__(self) -> "SavedTensorCounter":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._seen.clear()  # keep no references to the step's tensors

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime.env import PLAN_ENV, PROFILE_STEPS_ENV
+from ..runtime.memory import SavedTensorCounter
 
 FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "bytes", "step_s", "memory")
 OPTIONAL = ("step_s", "memory")  # median step time, measured memory (0 where a script does not measure them)
@@ -83,13 +84,15 @@ class StepClock:
 
 
 class ActivationMeter:
-    """Bytes autograd keeps for backward during a step (saved-tensor hooks), the largest
-    seen: the activation part of a worker's memory, measured the same way on any device."""
+    """Bytes autograd keeps for backward in each step: the activation part of a worker's
+    memory, counted the way the planner's profiler predicts it (`SavedTensorCounter`:
+    each saved tensor once, parameters left out), the same on any device. Every step is
+    recorded; the figures leave out the first `skip` steps (warm-up: the equal shares
+    before the balancer settles), as the measured step time does."""
 
-    def __init__(self) -> None:
-        self.peak = 0
-        self.per_sample = 0.0  # largest bytes per sample of a step (set through `of(samples)`)
-        self._now = 0
+    def __init__(self, model=None) -> None:
+        self.steps: list[tuple[int, int]] = []  # (saved bytes, samples) per metered step
+        self._params = list(model.parameters()) if model is not None else []
         self._samples = 0
 
     def of(self, samples: int) -> "ActivationMeter":
@@ -97,22 +100,26 @@ class ActivationMeter:
         self._samples = samples
         return self
 
+    def _steady(self, skip: int) -> list[tuple[int, int]]:
+        return self.steps[skip:] if len(self.steps) > skip else self.steps
+
+    def peak(self, skip: int = SKIP_STEPS) -> int:
+        """The largest step's saved bytes after the first `skip` steps (all steps when
+        there are no more than `skip`)."""
+        return max((b for b, _ in self._steady(skip)), default=0)
+
+    def per_sample(self, skip: int = SKIP_STEPS) -> float:
+        """The largest saved bytes per sample of a step after the first `skip` steps."""
+        return max((b / n for b, n in self._steady(skip) if n > 0), default=0.0)
+
     def __enter__(self):
-        self._now = 0
-
-        def pack(t):
-            self._now += t.numel() * t.element_size()
-            return t
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        self._hooks.__enter__()
+        self._counter = SavedTensorCounter(self._params).__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        self.peak = max(self.peak, self._now)
-        if self._samples > 0:
-            self.per_sample = max(self.per_sample, self._now / self._samples)
+        self._counter.__exit__(*exc)
+        self.steps.append((self._counter.total, self._samples))
+        self._samples = 0
 
 
 def state_bytes(model, optimizer) -> int:
@@ -131,11 +138,11 @@ def profile_steps() -> int:
     return int(os.environ.get(PROFILE_STEPS_ENV, "0") or 0)
 
 
-def model_facts(model, acts: ActivationMeter) -> dict:
+def model_facts(model, acts: ActivationMeter, skip: int = SKIP_STEPS) -> dict:
     """What a planner needs of the model, measured in the run: gradient bytes (fp32) and
-    activation bytes kept for backward per sample."""
+    activation bytes kept for backward per sample (after the first `skip` steps)."""
     return {"grad_bytes": float(sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)),
-            "act_bytes_per_sample": float(acts.per_sample)}
+            "act_bytes_per_sample": float(acts.per_sample(skip))}
 
 
 def prediction_check(plan: dict, measured_step_s: float, memory: dict[str, float],
