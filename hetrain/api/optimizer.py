@@ -150,6 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synced = False  # gradients of this step already exchanged (synchronize())
         self._skip = False
         self._announced = False  # this step's exchange announced to joined workers: see _announce
+        self._pending = None  # this step's announcement, posted and not yet read: see set_batch_size
         self._join_index = _join.register_optimizer(self)
         self._hooks = []
         if self.overlap:
@@ -250,7 +251,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batch_size = int(batch_size)
         self._total = None if total is None else int(total)
         self._size_set = True  # zero_grad() after this starts the step at once
-        if self._armed and not self.engine.in_flight:
+        if self._armed and not self.engine.in_flight and self._total is not None and self._pending is None \
+                and not self._announced and getattr(self.engine, "starts_free", False):
+            # all-reduce with the step's total known: the agreed layout needs no step header,
+            # so post the announcement now and read it at the first gradient (_grad_ready),
+            # where the step begins; the tiny all-reduce runs during forward instead of
+            # holding the step's start (DDP pays nothing there)
+            self._pending = _join.announce_start(_join.Kind.OPTIMIZER, self._join_index)
+        elif self._armed and not self.engine.in_flight and self._pending is None:
             # overlap: exchange the step header now, before backward, so the hooks only
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
@@ -267,7 +275,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._announced:
             return False
         t0 = time.perf_counter()
-        active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
+        pending, self._pending = self._pending, None
+        active = pending() if pending is not None else _join.announce(_join.Kind.OPTIMIZER, self._join_index)
         stats = getattr(self.engine, "stats", None)
         if stats is not None:  # waiting for the other workers, never this worker's compute (the balancer reads it)
             stats.wait_s += time.perf_counter() - t0

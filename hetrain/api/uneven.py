@@ -68,13 +68,28 @@ def register_optimizer(opt) -> int:
 def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
     """All-reduce one descriptor; returns (active workers, the active workers' descriptor).
     Raises on every worker when some workers are leaving the job while others are not."""
+    return _exchange_start(desc, stopping)()
+
+
+def _exchange_start(desc: list[int], stopping: int = 0) -> Callable[[], tuple[int, list[int]]]:
+    """`_exchange` posted now, read later: returns wait() -> what `_exchange` returns.
+    Posting is what fixes the collective's place in the worker group's order, so the
+    descriptor can be in flight while this worker computes."""
     ctx = init()
     t = torch.tensor(desc + [0] * (_WIDTH - 1 - len(desc)) + [stopping], dtype=torch.int64)
     try:
-        dist.all_reduce(t, group=ctx.worker_group)
+        work = dist.all_reduce(t, group=ctx.worker_group, async_op=True)
     except RuntimeError as err:
         raise ctx.peer_error("agreeing which workers have joined", [], err) from None
     _seen[0] += 1
+    return lambda: _exchange_read(ctx, work, t)
+
+
+def _exchange_read(ctx, work, t: torch.Tensor) -> tuple[int, list[int]]:
+    try:
+        work.wait()
+    except RuntimeError as err:
+        raise ctx.peer_error("agreeing which workers have joined", [], err) from None
     active, leaving = int(t[0]), int(t[-1])
     if 0 < leaving < ctx.num_workers:
         ctx.failed = True  # no goodbye collectives: the others are not at theirs
@@ -87,11 +102,20 @@ def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
 def announce(kind: Kind, *args: int) -> int:
     """Called by an active worker before a join-aware operation: tell the joined workers
     what follows. Returns the number of workers that have not joined (this one included)."""
+    return announce_start(kind, *args)()
+
+
+def announce_start(kind: Kind, *args: int) -> Callable[[], int]:
+    """`announce` posted now and read later (wait() -> active workers): the caller must
+    run nothing join-aware before the operation it announces, as with `announce`, but
+    may compute meanwhile. The optimizer posts its step's announcement when the loader
+    hands out the batch and reads it at the first gradient, so the tiny all-reduce runs
+    during forward instead of holding the step's start."""
     ctx = init()
     if not ctx.distributed or ctx.num_workers == 1:
-        return 1
-    active, _ = _exchange([1, int(kind), *args])
-    return active
+        return lambda: 1
+    wait = _exchange_start([1, int(kind), *args])
+    return lambda: wait()[0]
 
 
 def refuse_if_joined(what: str) -> None:
