@@ -79,11 +79,14 @@ def main(argv=None) -> int:
     ap.add_argument("--whole-job", action="store_true",
                     help="the whole-job section instead: plans picked and predicted vs measured on 6 emulated "
                          "clusters (bench/plan_job.py; --json goes there)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="with --whole-job: interleaved runs per candidate (quick 1, else 3)")
     args = ap.parse_args(argv)
     if args.whole_job:
         from plan_job import main as whole_job
 
-        return whole_job((["--quick"] if args.quick else []) + (["--json", args.json] if args.json else []))
+        return whole_job((["--quick"] if args.quick else []) + (["--json", args.json] if args.json else [])
+                         + (["--repeats", str(args.repeats)] if args.repeats else []))
     repeats = 1 if args.quick else 3
     models = args.models.split(",")
     cats = {c: load_catalogue(c) for c in args.catalogues.split(",")}

@@ -3,10 +3,11 @@ its predicted step time the measured one?
 
 On 6 emulated clusters (uneven speeds, links shaped by the in-process rate limiter, CPU
 machines present or not) x 3 zoo models, the cost model (hetrain/perf/job.py) ranks every
-candidate; the best one and the best of each other communication mode (and the best
-with the other share policy) are run with `hetrain launch --plan` (hetrain/demo/zoo.py,
+candidate; the best one and the best that differs from it in each knob (mode, shares,
+overlap, codec) are run with `hetrain launch --plan` (hetrain/demo/zoo.py,
 the calibrated device model: a step of b samples computes b·cost/speed seconds), each
-recording predicted and measured step time (median of its steps after the first 3).
+recording predicted and measured step time (median of its steps after the first WARMUP,
+the steady state the planner predicts: the balancer moves shares over its first steps).
 The model's constants (framework overhead per step, achieved bandwidth) are fitted first
 on a separate calibration cluster, never on the clusters it then predicts.
 
@@ -37,6 +38,10 @@ from hetrain.plan.profile import ModelProfile, load_or_profile  # noqa: E402
 
 COST = 0.004  # seconds per sample at speed 1 (the calibrated device model)
 BATCH = 64
+# steps left out of each run's measured step time: start-up and the balancer settling
+# (it moves the shares from equal to balanced over its first steps); the planner predicts
+# the steady state, so the run is measured there (median of the later steps)
+WARMUP = 16
 
 
 def cluster(name: str, speeds, cpus: int, rate: str) -> dict:
@@ -68,13 +73,25 @@ def cached_profile(model: str):
     return prof
 
 
+def phases(run_dir: Path, skip: int) -> dict:
+    """Per worker, the median over the measured steps (after `skip`) of its share, compute,
+    exchange and wait seconds (steps.jsonl): what each term of the prediction is set against."""
+    rows = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines() if x.strip()]
+    rows = rows[skip:] if len(rows) > skip + 2 else rows
+    out = {}
+    for lab in rows[0]["ranks"]:
+        out[lab] = {k: statistics.median(float(r["ranks"][lab][k]) for r in rows)
+                    for k in ("samples", "compute_s", "comm_s", "wait_s")}
+    return out
+
+
 def run_candidate(model: str, spec: dict, cand: Candidate, profile, fitted, samples: int, workdir: Path) -> dict:
     cl = parse_cluster(spec)
     jc = job_cluster(cl, cost_per_sample=COST)
     jm = model_from_profile(profile)
     pred = predict(cand, jm, jc, BATCH, fitted)
     plan = to_plan(pred, [pred], model, cl, jc, COST, epochs=1)
-    plan = plan.model_copy(update={"script": [*plan.script, "--samples", str(samples)]})
+    plan = plan.model_copy(update={"script": [*plan.script, "--samples", str(samples), "--warmup-steps", str(WARMUP)]})
     tag = f"{spec['name']}-{cand.label().replace('/', '-')}-{time.time_ns() % 10**9}"
     path, run_dir = workdir / f"{tag}.json", workdir / tag
     plan.save(path)
@@ -89,15 +106,20 @@ def run_candidate(model: str, spec: dict, cand: Candidate, profile, fitted, samp
     return {"config": spec["name"], "model": model, "candidate": cand.label(), "predicted_s": pred.step_s,
             "measured_s": check["measured_step_s"], "predicted_memory": check["predicted_memory"],
             "measured_memory": check["measured_memory"], "launch_s": time.perf_counter() - t0,
+            "predicted_parts": {"shares": [int(x) for x in pred.shares], "compute_s": pred.parts["compute"],
+                                "exposed_exchange_s": pred.comm_s, "comm_nominal_s": pred.parts["comm"],
+                                "codec_nominal_s": pred.parts["codec"]},
+            "measured_phases": phases(run_dir, WARMUP),
             "load": os.getloadavg()[0]}
 
 
 def candidates_to_run(preds) -> list:
-    """The plan picked, the best candidate of another communication mode, and the best
-    with the other share policy (three runs per configuration keep the run short)."""
+    """The plan picked, and the best candidate that differs from it in each knob: another
+    communication mode, the other share policy, the other overlap setting, another codec
+    (up to five runs per configuration keep the run short)."""
     first = preds[0].candidate
     picked = [first]
-    for key in ("mode", "shares"):
+    for key in ("mode", "shares", "overlap", "codec"):
         other = next((p.candidate for p in preds if p.fits and getattr(p.candidate, key) != getattr(first, key)
                       and p.candidate not in picked), None)
         if other is not None:
@@ -107,11 +129,13 @@ def candidates_to_run(preds) -> list:
 
 def calibrate(profiles, samples: int, workdir: Path):
     """Fit the constants on the calibration cluster: overhead and achieved bandwidth (fp32,
-    no overlap, two modes), the codec's compute (int4), what overlap adds (fp32)."""
+    no overlap, the two server modes), the codec's compute (int4), what overlap adds (fp32,
+    BytePS and all-reduce, which always overlaps)."""
     model, spec = CALIBRATION
     obs, rows = [], []
-    for cand in (Candidate("allreduce", "balanced", False, "fp32"), Candidate("ps", "balanced", False, "fp32"),
-                 Candidate("byteps", "balanced", False, "int4"), Candidate("byteps", "balanced", True, "fp32")):
+    for cand in (Candidate("ps", "balanced", False, "fp32"), Candidate("byteps", "balanced", False, "fp32"),
+                 Candidate("byteps", "balanced", False, "int4"), Candidate("byteps", "balanced", True, "fp32"),
+                 Candidate("allreduce", "balanced", True, "fp32")):
         r = run_candidate(model, spec, cand, profiles[model], DEFAULT_FITTED, samples, workdir)
         jc = job_cluster(parse_cluster(spec), cost_per_sample=COST)
         obs.append((predict(cand, model_from_profile(profiles[model]), jc, BATCH, DEFAULT_FITTED), r["measured_s"]))
@@ -132,7 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", type=int, default=len(CONFIGS), help="how many of the 6 configurations")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
-    samples = 16 * BATCH if args.quick else 24 * BATCH
+    samples = (WARMUP + 24) * BATCH if args.quick else (WARMUP + 40) * BATCH
     t_start = time.perf_counter()
     profiles = {m: cached_profile(m) for m in {m for m, _ in CONFIGS}}
     workdir = Path(tempfile.mkdtemp(prefix="hetrain-planbench-"))

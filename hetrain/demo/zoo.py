@@ -47,7 +47,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cost-per-sample", type=float, default=0.0,
                     help="emulated compute: seconds per sample at speed 1 (0: real compute)")
     ap.add_argument("--balance", choices=["measured", "equal"], default="measured")
+    ap.add_argument("--warmup-steps", type=int, default=None,
+                    help="first steps left out of the measured step time (default: the summary's; a benchmark "
+                         "of the steady state skips the steps the balancer needs to settle)")
     args = ap.parse_args(argv)
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        ap.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = build_model(args.model)
@@ -92,10 +97,11 @@ def main(argv=None) -> int:
     loader.finish()
     wall = time.perf_counter() - t0
     st = hetrain.engine().stats
+    step_s = clock.median() if args.warmup_steps is None else clock.median(args.warmup_steps)
     me = rank if len(steplog.labels) > 1 else 0
     rows = gather_stats(ctx, {"samples": samples, "steps": steps, "wall_s": wall,
                               "compute_s": steplog.totals["compute_s"][me], "comm_s": st.comm_s, "wait_s": st.wait_s,
-                              "bytes": st.bytes_sent + st.bytes_received, "step_s": clock.median(),
+                              "bytes": st.bytes_sent + st.bytes_received, "step_s": step_s,
                               "memory": state_bytes(model, opt) + acts.peak})
     if rank == 0:
         labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]

@@ -17,7 +17,8 @@ workers finish together), whether gradients are pushed while backward still runs
                                                                partition do not overlap: `comm_time`)
     codec     = codec seconds per fp32 byte · gradient bytes (encode + decode, fitted)
     exposed   = comm + codec                                 (no overlap)
-              = max(comm + codec − window · max_i compute_i, (comm + codec) / pieces)   (overlap)
+              = max(comm + codec − window · max_i compute_i, tail · (comm + codec) / pieces)   (overlap;
+                tail 0 for an all-reduce paced before its sends, `JobCluster.paced_before_send`)
     step      = max_i compute_i + exposed + overhead
     memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
                 + b_i · activation bytes per sample kept for backward
@@ -70,6 +71,11 @@ class JobCluster:
     # exchange can run beside it: backward's share (about 2/3) on real devices; all of it
     # on emulated devices of the calibrated model (the slowdown follows the real backward)
     overlap_window: float = 2 / 3
+    # the in-process limiter charges a send before it is issued, from the backward hook
+    # that posts it: an overlapped all-reduce's bytes are then all paced while backward
+    # runs and no last bucket is left after it (a summation server's pull still is: it
+    # is sent once the pushes are in); on real links and tc the last bucket goes after
+    paced_before_send: bool = False
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -233,7 +239,8 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
                                                    [w.per_sample_s for w in cluster.workers]), 0.0)
     nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
     pieces = int(np.ceil(nbytes / cluster.partition_bytes))
-    parts = {"compute": float(compute.max()), "window": cluster.overlap_window,
+    tail = 0.0 if cand.mode == "allreduce" and cluster.paced_before_send else 1.0
+    parts = {"compute": float(compute.max()), "window": cluster.overlap_window, "tail": tail,
              "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
              "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
     step, exposed = step_time(parts, cand, fitted)
@@ -265,17 +272,19 @@ def step_time(parts: dict, cand: Candidate, fitted: Fitted) -> tuple[float, floa
     """(step seconds, exposed exchange seconds) from a candidate's nominal parts."""
     exposed = parts["comm"] / fitted.efficiency + parts["codec"] * fitted.codec_scale
     if cand.overlap and exposed > 0:
-        exposed = max(exposed - parts["window"] * parts["compute"], exposed / max(1, fitted.partitions))
+        last = parts.get("tail", 1.0) * exposed / max(1, fitted.partitions)
+        exposed = max(exposed - parts["window"] * parts["compute"], last)
     return parts["compute"] + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0), exposed
 
 
 def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
                policies=SHARE_POLICIES, overlaps=(False, True)) -> list[Candidate]:
     """Every candidate the runtime can run on the cluster: BytePS and PS need CPU machines;
-    codecs need summation servers to decode (all-reduce sums fp32 only)."""
+    codecs need summation servers to decode (all-reduce sums fp32 only); all-reduce always
+    overlaps (the runtime all-reduces each bucket from backward's hooks, as DDP does)."""
     usable = [m for m in modes if m == "allreduce" or cluster.cpu_bandwidth]
     return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs
-            if m != "allreduce" or c == "fp32"]
+            if m != "allreduce" or (c == "fp32" and o)]
 
 
 def rank(preds: list[Prediction], target: float | None = None, budget: float | None = None) -> list[Prediction]:
@@ -304,17 +313,10 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
        codec runs without overlap;
     3. `overlap_s`: the median of measured − predicted over overlapped runs (negative
        where overlap also hides part of the per-step overhead; at least −overhead_s).
+    Without a run free of overlap (an all-reduce job always overlaps) the overhead is fitted
+    on the overlapped fp32 runs instead, and overlap adds nothing of its own.
     Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
-    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
-    if not plain:
-        raise UserError("fitting the cost model needs at least one measured run without overlap and codec")
-    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
-    y = np.array([m - p.parts["compute"] for p, m in plain])
-    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
-    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
-        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
-        if inv_eff >= 1.0 and over >= 0:
-            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
+    fitted = _fit_overhead(observations, base)
     coded = [(p, m) for p, m in observations if not p.candidate.overlap and p.parts["codec"] > 0]
     if coded:
         scale = [(m - step_time({**p.parts, "codec": 0.0}, p.candidate, fitted)[0]) / p.parts["codec"]
@@ -324,4 +326,24 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
     if lapped:
         extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
         fitted = replace(fitted, overlap_s=max(-fitted.overhead_s, float(np.median(extra))))
+    return fitted
+
+
+def _fit_overhead(observations: list[tuple[Prediction, float]], base: Fitted) -> Fitted:
+    """Step 1 of `fit`: overhead (and, with two or more plain runs, efficiency)."""
+    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
+    if not plain:
+        lapped = [(p, m) for p, m in observations if p.candidate.overlap and p.candidate.codec == "fp32"]
+        if not lapped:
+            raise UserError("fitting the cost model needs at least one measured run without a codec")
+        zero = replace(base, overhead_s=0.0, overlap_s=0.0)
+        rest = [m - step_time(p.parts, p.candidate, zero)[0] for p, m in lapped]
+        return replace(base, overhead_s=max(0.0, float(np.median(rest))))
+    a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
+    y = np.array([m - p.parts["compute"] for p, m in plain])
+    fitted = replace(base, overhead_s=max(0.0, float(np.median(y - a[:, 1] / base.efficiency))))
+    if len(plain) >= 2 and np.ptp(a[:, 1]) > 1e-9:
+        (over, inv_eff), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if inv_eff >= 1.0 and over >= 0:
+            fitted = replace(base, overhead_s=float(over), efficiency=float(1.0 / inv_eff))
     return fitted

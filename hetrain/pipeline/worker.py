@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,8 +134,28 @@ def run_shard(spec: RunSpec, ctx, j: int, layout: ShardLayout, model, start: int
         _maybe_fail(spec, ctx.rank, done)
 
     ready()
-    steps = serve(state, clients, spec.model.dim, start_step=start, on_step=on_step, on_error=ctx.peer_error)
+    served = threading.Event()
+    threading.Thread(target=_exit_when_a_peer_is_lost, args=(ctx, served), daemon=True,
+                     name="shard-peer-watch").start()
+    try:
+        steps = serve(state, clients, spec.model.dim, start_step=start, on_step=on_step, on_error=ctx.peer_error)
+    finally:
+        served.set()
     return {"role": f"shard{j}", "rows": int(state.rows.shape[0]), "steps": steps}
+
+
+def _exit_when_a_peer_is_lost(ctx, served: threading.Event, poll_s: float = 0.5) -> None:
+    """A shard waits for its next request with a receive from any client, which a
+    client's death does not break: the shard would sit there until the launcher's grace
+    after a failure (--timeout + 5 s) ran out and it was killed, and the failed job
+    would end that much later. So once the launcher has recorded a lost peer, the shard
+    names it and exits at once (its checkpoints are written atomically)."""
+    while not served.wait(poll_s):
+        dead = ctx.lost_peers(wait_s=0)
+        if dead:
+            err = ctx.peer_error("waiting for requests", sorted(dead), RuntimeError("a peer of this round was lost"))
+            print(f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            os._exit(1)
 
 
 def _has_emb(model, st) -> bool:

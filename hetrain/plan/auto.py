@@ -11,6 +11,7 @@ every candidate is predicted and ranked on the fitted model.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,9 @@ def fitted_from_run(run_dir: str | Path, cluster: ClusterSpec,
     mode = {"colocated": "byteps"}.get(summary.get("mode", ""), summary.get("mode", ""))
     if mode not in COMM_MODES:
         raise UserError(f"{run_dir}/summary.json: mode {summary.get('mode')!r} cannot be profiled for planning")
-    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", False, "fp32")
+    # all-reduce always overlaps (buckets from backward's hooks); the server modes ran without
+    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", mode == "allreduce",
+                         "fp32")
     facts = summary.get("model")
     if not facts:
         raise UserError(f"{run_dir}/summary.json has no `model` facts: the script does not record them "
@@ -70,7 +73,9 @@ def fitted_from_run(run_dir: str | Path, cluster: ClusterSpec,
                         f"{[w.name for w in shape.workers]}")
     workers = tuple(JobWorker(w.name, lines[w.name][1], w.bandwidth, lines[w.name][0], w.memory, w.price_per_hour)
                     for w in shape.workers)
-    jc = JobCluster(workers, shape.cpu_bandwidth, shape.cpu_price_per_hour)
+    # the cluster's links and pacing kept; the overlap window of a real backward (the profiled
+    # lines are the script's own compute, whatever device model it runs)
+    jc = replace(shape, workers=workers, overlap_window=JobCluster.overlap_window)
     batch = int(summary["global_batch"])
     measured = float(np.median([r["step_s"] for r in summary["ranks"].values()]))
     fitted = fit([(predict(profiled, model, jc, batch, base), measured)], base)

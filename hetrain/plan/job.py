@@ -80,7 +80,7 @@ def job_cluster(cluster: ClusterSpec, profile=None, cost_per_sample: float | Non
     # exchange can run during all of it (on a real device, during backward: about 2/3)
     window = 1.0 if cost_per_sample is not None else 2 / 3
     return JobCluster(tuple(workers), tuple(m.bandwidth for m in cpu), cpu_price, duplex=duplex,
-                      overlap_window=window)
+                      overlap_window=window, paced_before_send=not duplex)
 
 
 def plan_job(model: JobModel, cluster: JobCluster, global_batch: int, target: float | None = None,

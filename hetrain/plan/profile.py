@@ -5,7 +5,8 @@ passes over a few fresh micro-batches, back to back, one device synchronisation 
 timing, the median of repeated timings. `profile_model` applies it to every layer of a
 `ChainModel` on the CPU (and on the GPU where CUDA is available, stored beside the CPU
 times under ``devices: {"cuda: <GPU name>": [seconds per sample, ...]}``), and records
-the bytes of the tensors a cut after the layer would send, the parameter bytes
+the bytes of the tensors a cut after the layer would send, the bytes autograd saves for
+the layer's backward (`saved_bytes`, a worker's activation memory), the parameter bytes
 (embedding tables count as sparse, at their declared size) and the layer kind. The
 HeterPS runtime's profile (`pipeline.hostprofile`) applies the same `time_passes` to
 the runtime's stage code. Both the HeterPS planner and the whole-job planner
@@ -192,12 +193,46 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def saved_bytes(model, inputs, batch: int) -> tuple[float, ...]:
+    """Bytes per sample autograd keeps for backward, per layer of a ChainModel, from one
+    forward of the whole chain on `inputs` (a batch of `batch` samples): every tensor the
+    graph saves (`torch.autograd.graph.saved_tensors_hooks`, so convolution inputs,
+    attention weights, BatchNorm's normalised input count, not only the layers'
+    outputs), each tensor once, charged to the first layer that saves it (a ReLU's output
+    is the next convolution's input: one tensor), leaving out parameters (saved for the
+    weight gradient, yet held by the model state already). The same count on any device,
+    with no CUDA memory statistics."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[tuple] = set()
+    total = [0]
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if ptr not in params and key not in seen:
+            seen.add(key)
+            total[0] += t.numel() * t.element_size()
+        return t
+
+    out, x = [], tuple(inputs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for _name, layer, _kind in model.layer_list():
+            before = total[0]
+            x = layer(*x)
+            x = x if isinstance(x, tuple) else (x,)
+            out.append((total[0] - before) / batch)
+    return tuple(out)
+
+
 def layer_times(model, device="cpu", batch: int = 32, repeats: int = 5, runs: int = 4, distinct: int = 4,
                 seed: int = 0, progress: bool = False, name: str = "model"):
     """Per-layer forward+backward seconds per sample of a ChainModel on `device`
     (`time_passes` on `distinct` fresh micro-batches of `batch` samples), with the
     bytes per sample of each layer's outputs (what a cut after it sends). Runs on a copy
-    of the model when `device` is not the CPU. Returns (times, act_bytes)."""
+    of the model when `device` is not the CPU. Returns (times, act_bytes, saved_bytes):
+    `saved_bytes` per sample, what autograd keeps for backward (`saved_bytes`)."""
     import copy
 
     import torch
@@ -207,6 +242,7 @@ def layer_times(model, device="cpu", batch: int = 32, repeats: int = 5, runs: in
     run_model = model if device.type == "cpu" else copy.deepcopy(model).to(device)
     run_model.train()
     states = [tuple(t.to(device) for t in run_model.example_inputs(batch, generator=g)) for _ in range(distinct)]
+    first = states[0]
     items = run_model.layer_list()
     if progress:
         from tqdm import tqdm
@@ -230,7 +266,7 @@ def layer_times(model, device="cpu", batch: int = 32, repeats: int = 5, runs: in
     if device.type == "cuda":
         del run_model
         torch.cuda.empty_cache()
-    return tuple(times), tuple(acts)
+    return tuple(times), tuple(acts), saved_bytes(run_model, first, batch)
 
 
 def cuda_device_key(device=None) -> str:
@@ -248,12 +284,13 @@ def profile_model(model, name: str = "model", batch: int = 32, repeats: int = 5,
     (`cuda=None`; True/False forces it), stored under ``devices``."""
     import torch
 
-    times, acts = layer_times(model, "cpu", batch=batch, repeats=repeats, seed=seed, progress=progress, name=name)
+    times, acts, saved = layer_times(model, "cpu", batch=batch, repeats=repeats, seed=seed, progress=progress,
+                                     name=name)
     layers = []
-    for (lname, layer, kind), t, act in zip(model.layer_list(), times, acts):
+    for (lname, layer, kind), t, act, kept in zip(model.layer_list(), times, acts, saved):
         dense, sparse = _param_bytes(layer)
         layers.append(LayerProfile(name=lname, kind=kind, time_s=max(t, 1e-9), act_bytes=act,
-                                   stored_act_bytes=act, dense_param_bytes=dense, sparse_param_bytes=sparse))
+                                   stored_act_bytes=kept, dense_param_bytes=dense, sparse_param_bytes=sparse))
     host = " ".join(x for x in (platform.machine(), platform.processor(), f"torch{torch.__version__}",
                                 f"threads={torch.get_num_threads()}") if x)
     devices = {}

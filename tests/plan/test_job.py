@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hetrain.cli import main as cli
 from hetrain.perf.comm import byteps_split, byteps_time, ring_allreduce_time
 from hetrain.perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, candidates,
                               comm_time, fit, predict, rank)
-from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, plan_job
+from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, model_from_profile, plan_job
+from hetrain.plan.profile import profile_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +26,8 @@ def synthetic(rng, n: int, k: int):
     workers = tuple(JobWorker(f"w{i}", float(rng.uniform(1e-4, 5e-3)), bw, float(rng.uniform(0, 5e-3)),
                               price_per_hour=float(rng.uniform(0.5, 3))) for i in range(n))
     # partitions of a micro-byte: pushes and pulls fully pipelined, the closed forms' regime
-    cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6)
+    cluster = JobCluster(workers, (bw,) * k, (0.3,) * k, partition_bytes=1e-6,
+                         paced_before_send=bool(rng.integers(2)))
     model = JobModel("m", float(rng.choice([1e5, 1e6, 1e7])), float(rng.uniform(1e3, 1e5)))
     fitted = Fitted(overhead_s=float(rng.uniform(0, 0.01)), efficiency=float(rng.uniform(0.5, 1.0)),
                     codec_s_per_byte={c: float(rng.uniform(0, 5e-9)) for c in CODEC_RATIO},
@@ -58,7 +61,8 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
         codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
     exposed = comm + codec
     if cand.overlap:
-        exposed = max(exposed - cluster.overlap_window * compute, exposed / fitted.partitions)
+        paced = cand.mode == "allreduce" and cluster.paced_before_send  # no bucket left after backward
+        exposed = max(exposed - cluster.overlap_window * compute, 0.0 if paced else exposed / fitted.partitions)
     return compute + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0)
 
 
@@ -132,6 +136,32 @@ def test_fit_recovers_overhead_and_efficiency():
     assert got.overhead_s == pytest.approx(0.02, rel=1e-6) and got.efficiency == pytest.approx(0.6, rel=1e-5)
 
 
+
+def test_fit_overhead_from_an_overlapped_all_reduce_alone():
+    """An all-reduce job always overlaps: its profiled step alone fits the overhead (what
+    `launch --auto` has), and the fitted model reproduces that step."""
+    rng = np.random.default_rng(5)
+    cluster, model, _ = synthetic(rng, 3, 0)
+    cand = Candidate("allreduce", "balanced", True, "fp32")
+    truth = Fitted(overhead_s=0.015)
+    measured = predict(cand, model, cluster, 12, truth).step_s
+    got = fit([(predict(cand, model, cluster, 12), measured)])
+    assert got.overhead_s == pytest.approx(0.015, rel=1e-6) and got.overlap_s == 0.0
+    assert predict(cand, model, cluster, 12, got).step_s == pytest.approx(measured, rel=1e-9)
+
+
+def test_rate_limited_all_reduce_leaves_no_bucket_after_backward():
+    """Paced before its sends (the in-process limiter), an overlapped all-reduce hides all
+    of its exchange behind a longer compute; on real links its last piece stays exposed."""
+    workers = (JobWorker("a", 1e-2, 1e7), JobWorker("b", 1e-2, 1e7))
+    model = JobModel("m", grad_bytes=1e6, act_bytes_per_sample=0.0)  # ring: 1e6 B at 1e7 B/s = 0.1 s
+    cand = Candidate("allreduce", "equal", True, "fp32")
+    paced = predict(cand, model, JobCluster(workers, overlap_window=1.0, paced_before_send=True), 40)
+    real = predict(cand, model, JobCluster(workers, overlap_window=1.0), 40)
+    assert paced.step_s == pytest.approx(0.2)  # compute 20 x 10 ms; the 0.1 s exchange hidden
+    assert real.step_s == pytest.approx(0.2 + 0.1 / Fitted().partitions)
+
+
 CLUSTER = """name: tiny
 machines:
   - {name: w0, role: worker, device: {kind: fast, speed: 1.0, memory: 64MiB}, bandwidth: 1gbit}
@@ -192,3 +222,53 @@ def test_launch_auto_profiles_plans_and_continues(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["prediction"]["candidate"] == plan.ranking[0]["candidate"]
     assert "resumed from commit" in proc.stdout  # the planned round continued the profiled one
+
+
+class _LinearRelu(torch.nn.Module):
+    kind = "dense"
+
+    def __init__(self, n_in: int, n_out: int, relu: bool):
+        super().__init__()
+        self.fc, self.relu = torch.nn.Linear(n_in, n_out), relu
+
+    def forward(self, x):
+        y = self.fc(x)
+        return (torch.relu(y) if self.relu else y,)
+
+
+class _TwoLayers(torch.nn.Module):
+    """8 -> 16 (ReLU) -> 4: a chain the saved-tensor count can be worked out by hand for."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_LinearRelu(8, 16, True), _LinearRelu(16, 4, False)])
+
+    def layer_list(self):
+        return [(f"l{i}", m, m.kind) for i, m in enumerate(self.layers)]
+
+    def example_inputs(self, batch, generator=None):
+        return (torch.randn(batch, 8, generator=generator),)
+
+
+def test_profile_counts_what_autograd_saves_for_backward():
+    """Layer 0 keeps its input (8 floats, for the weight's gradient) and its ReLU output
+    (16 floats); layer 1 keeps its input, which is that same ReLU output: counted once, on
+    layer 0. Weights saved for backward are model state, not activations. The outputs
+    alone (the cut bytes) would be 16 and 4 floats."""
+    prof = profile_model(_TwoLayers(), "two", batch=8, repeats=1)
+    assert [l.stored_act_bytes for l in prof.layers] == [4 * (8 + 16), 0.0]
+    assert [l.act_bytes for l in prof.layers] == [4 * 16, 4 * 4]
+    assert model_from_profile(prof).act_bytes_per_sample == 4 * (8 + 16)
+
+
+def test_memory_counts_saved_tensors_and_refuses():
+    """A device sized for the model state plus the layers' outputs only (what the profile
+    recorded before saved tensors were counted) cannot hold the batch: refused."""
+    prof = profile_model(_TwoLayers(), "two", batch=8, repeats=1)
+    model = model_from_profile(prof)
+    outputs_only = sum(l.act_bytes for l in prof.layers)
+    mem = model.state_factor * model.grad_bytes + 32 * outputs_only
+    cluster = JobCluster((JobWorker("a", 1e-3, 1e9, memory=mem), JobWorker("b", 1e-3, 1e9, memory=mem)))
+    assert not predict(Candidate("allreduce", "equal", False, "fp32"), model, cluster, 64).fits
+    roomy = JobCluster(tuple(JobWorker(w, 1e-3, 1e9, memory=mem * 2) for w in "ab"))
+    assert predict(Candidate("allreduce", "equal", False, "fp32"), model, roomy, 64).fits
