@@ -150,7 +150,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synced = False  # gradients of this step already exchanged (synchronize())
         self._skip = False
         self._announced = False  # this step's exchange announced to joined workers: see _announce
-        self._pending = None  # this step's announcement, posted and not yet read: see set_batch_size
         self._join_index = _join.register_optimizer(self)
         self._hooks = []
         if self.overlap:
@@ -247,18 +246,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def set_batch_size(self, batch_size: int, total: int | None = None) -> None:
         """This worker's batch this step; `total`: every worker's together, when known
-        (BalancedLoader passes it), which spares an all-reduce job the step header."""
+        (BalancedLoader passes it), which spares an all-reduce job the step header.
+        Passing `total` also says that every worker takes this step (BalancedLoader's
+        contract), so the exchange is not announced to workers that called
+        `hetrain.join()`: with a total, no collective runs besides the buckets."""
         self._batch_size = int(batch_size)
         self._total = None if total is None else int(total)
         self._size_set = True  # zero_grad() after this starts the step at once
-        if self._armed and not self.engine.in_flight and self._total is not None and self._pending is None \
-                and not self._announced and getattr(self.engine, "starts_free", False):
-            # all-reduce with the step's total known: the agreed layout needs no step header,
-            # so post the announcement now and read it at the first gradient (_grad_ready),
-            # where the step begins; the tiny all-reduce runs during forward instead of
-            # holding the step's start (DDP pays nothing there)
-            self._pending = _join.announce_start(_join.Kind.OPTIMIZER, self._join_index)
-        elif self._armed and not self.engine.in_flight and self._pending is None:
+        if self._armed and not self.engine.in_flight:
             # overlap: exchange the step header now, before backward, so the hooks only
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
@@ -274,9 +269,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the exchange runs unoverlapped at step(), as the joined workers' does."""
         if self._announced:
             return False
+        if self._total is not None:
+            # the step's total came with its batch (BalancedLoader): every worker takes this
+            # step by the loader's contract (its own per-step exchange admits no joined
+            # worker), so there is nobody to announce to; the step stays free of any
+            # collective besides its buckets, as DDP's is
+            return True
         t0 = time.perf_counter()
-        pending, self._pending = self._pending, None
-        active = pending() if pending is not None else _join.announce(_join.Kind.OPTIMIZER, self._join_index)
+        active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
         stats = getattr(self.engine, "stats", None)
         if stats is not None:  # waiting for the other workers, never this worker's compute (the balancer reads it)
             stats.wait_s += time.perf_counter() - t0

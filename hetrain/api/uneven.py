@@ -12,6 +12,9 @@ taken over the workers that have not joined. `join()` returns, on every worker, 
 rank that joined last.
 
 The descriptor costs one tiny all-reduce per such operation (DDP's Join pays the same).
+Steps whose batch comes from a `BalancedLoader` (the optimizer's `set_batch_size` with a
+`total`) pay nothing: the loader's contract is that every worker takes every step (its
+own per-step exchange admits no joined worker), so their exchange is not announced.
 Other collectives (allgather, broadcast, alltoall, reducescatter) are refused with a
 clear error on every worker while one of them has joined. Not shadowed: SyncBatchNorm's
 statistics and a GradScaler's inf/NaN agreement (a joined worker runs no forward pass),
@@ -68,28 +71,13 @@ def register_optimizer(opt) -> int:
 def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
     """All-reduce one descriptor; returns (active workers, the active workers' descriptor).
     Raises on every worker when some workers are leaving the job while others are not."""
-    return _exchange_start(desc, stopping)()
-
-
-def _exchange_start(desc: list[int], stopping: int = 0) -> Callable[[], tuple[int, list[int]]]:
-    """`_exchange` posted now, read later: returns wait() -> what `_exchange` returns.
-    Posting is what fixes the collective's place in the worker group's order, so the
-    descriptor can be in flight while this worker computes."""
     ctx = init()
     t = torch.tensor(desc + [0] * (_WIDTH - 1 - len(desc)) + [stopping], dtype=torch.int64)
     try:
-        work = dist.all_reduce(t, group=ctx.worker_group, async_op=True)
+        dist.all_reduce(t, group=ctx.worker_group)
     except RuntimeError as err:
         raise ctx.peer_error("agreeing which workers have joined", [], err) from None
     _seen[0] += 1
-    return lambda: _exchange_read(ctx, work, t)
-
-
-def _exchange_read(ctx, work, t: torch.Tensor) -> tuple[int, list[int]]:
-    try:
-        work.wait()
-    except RuntimeError as err:
-        raise ctx.peer_error("agreeing which workers have joined", [], err) from None
     active, leaving = int(t[0]), int(t[-1])
     if 0 < leaving < ctx.num_workers:
         ctx.failed = True  # no goodbye collectives: the others are not at theirs
@@ -102,20 +90,11 @@ def _exchange_read(ctx, work, t: torch.Tensor) -> tuple[int, list[int]]:
 def announce(kind: Kind, *args: int) -> int:
     """Called by an active worker before a join-aware operation: tell the joined workers
     what follows. Returns the number of workers that have not joined (this one included)."""
-    return announce_start(kind, *args)()
-
-
-def announce_start(kind: Kind, *args: int) -> Callable[[], int]:
-    """`announce` posted now and read later (wait() -> active workers): the caller must
-    run nothing join-aware before the operation it announces, as with `announce`, but
-    may compute meanwhile. The optimizer posts its step's announcement when the loader
-    hands out the batch and reads it at the first gradient, so the tiny all-reduce runs
-    during forward instead of holding the step's start."""
     ctx = init()
     if not ctx.distributed or ctx.num_workers == 1:
-        return lambda: 1
-    wait = _exchange_start([1, int(kind), *args])
-    return lambda: wait()[0]
+        return 1
+    active, _ = _exchange([1, int(kind), *args])
+    return active
 
 
 def refuse_if_joined(what: str) -> None:

@@ -271,13 +271,6 @@ class PushPull:
     def in_flight(self) -> bool:
         return self._step is not None
 
-    @property
-    def starts_free(self) -> bool:
-        """Whether `begin` with a known `total` (on the agreed layout) sends nothing: in
-        all-reduce mode each worker scales its own share, so the step can be begun at its
-        first gradient at no cost; the server modes announce the step to the servers."""
-        return isinstance(self.transport, AllReduceTransport)
-
     def shutdown(self) -> None:
         """Tell the summation servers the job is over (every worker calls this once)."""
         ctx = self.ctx
