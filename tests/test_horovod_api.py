@@ -247,3 +247,26 @@ def test_worker_ending_early_without_join_is_named(launch):
     assert rc != 0
     assert "1 of 2 workers ended the job while the others went on training" in log, log
     assert "hetrain.join()" in log and "timed out" not in log.lower(), log
+
+
+def test_a_step_with_the_loaders_total_is_not_announced_to_joined_workers(monkeypatch):
+    """join's per-exchange announcement runs for steps without a known total, and is
+    skipped when the step's total came with its batch (BalancedLoader's contract: every
+    worker takes every step), so such a step runs no collective besides its buckets."""
+    from hetrain.api import optimizer as api_opt
+
+    calls = []
+    real = api_opt._join.announce
+    monkeypatch.setattr(api_opt._join, "announce", lambda *a: calls.append(a) or real(*a))
+    model = I.model()
+    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), overlap=True)
+    x = torch.randn(4, *next(model.parameters()).shape[1:])
+    for total, announced in ((None, True), (8, False), (None, True)):
+        calls.clear()
+        opt.set_batch_size(4, total=total)
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        assert bool(calls) == announced, (total, calls)
+        assert all(p.grad is not None for p in model.parameters())

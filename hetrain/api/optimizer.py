@@ -246,7 +246,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def set_batch_size(self, batch_size: int, total: int | None = None) -> None:
         """This worker's batch this step; `total`: every worker's together, when known
-        (BalancedLoader passes it), which spares an all-reduce job the step header."""
+        (BalancedLoader passes it), which spares an all-reduce job the step header.
+        Passing `total` also says that every worker takes this step (BalancedLoader's
+        contract), so the exchange is not announced to workers that called
+        `hetrain.join()`: with a total, no collective runs besides the buckets."""
         self._batch_size = int(batch_size)
         self._total = None if total is None else int(total)
         self._size_set = True  # zero_grad() after this starts the step at once
@@ -266,6 +269,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the exchange runs unoverlapped at step(), as the joined workers' does."""
         if self._announced:
             return False
+        if self._total is not None:
+            # the step's total came with its batch (BalancedLoader): every worker takes this
+            # step by the loader's contract (its own per-step exchange admits no joined
+            # worker), so there is nobody to announce to; the step stays free of any
+            # collective besides its buckets, as DDP's is
+            return True
         t0 = time.perf_counter()
         active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
         stats = getattr(self.engine, "stats", None)

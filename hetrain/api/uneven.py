@@ -12,6 +12,9 @@ taken over the workers that have not joined. `join()` returns, on every worker, 
 rank that joined last.
 
 The descriptor costs one tiny all-reduce per such operation (DDP's Join pays the same).
+Steps whose batch comes from a `BalancedLoader` (the optimizer's `set_batch_size` with a
+`total`) pay nothing: the loader's contract is that every worker takes every step (its
+own per-step exchange admits no joined worker), so their exchange is not announced.
 Other collectives (allgather, broadcast, alltoall, reducescatter) are refused with a
 clear error on every worker while one of them has joined. Not shadowed: SyncBatchNorm's
 statistics and a GradScaler's inf/NaN agreement (a joined worker runs no forward pass),

@@ -309,13 +309,16 @@ class HostInPlace(Staging):
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
         flat = self._target(i, t)
         a = self.layout.bounds[i]
-        src = t.detach().reshape(-1)[lo:hi]
-        for pid, _n in self.layout.touches(a + lo, a + hi):
-            p = self.layout.parts[pid]
-            s, e = max(a + lo, p.start), min(a + hi, p.start + p.length)
+        whole = lo == 0 and a + hi == self.layout.bounds[i + 1]  # the common case: from a hook
+        src = None
+        for pid, _n in (self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)):
             buf = self.buffers.get(pid)
             if buf is None and flat is not None:  # in place: scaled where it lies at launch
                 continue
+            if src is None:
+                src = t.detach().reshape(-1)[lo:hi]
+            p = self.layout.parts[pid]
+            s, e = max(a + lo, p.start), min(a + hi, p.start + p.length)
             if buf is None:  # a bucket in one tensor that cannot be all-reduced where it lies
                 buf = self.buffers[pid] = torch.empty(p.length, dtype=torch.float32)
             buf[s - p.start: e - p.start].copy_(src[s - a - lo: e - a - lo])
