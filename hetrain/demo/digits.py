@@ -25,9 +25,8 @@ import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import (ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
-                                   model_facts, planned, prediction_check, profile_steps, state_bytes,
-                                   write_summary)
+from hetrain.train.summary import (ActivationMeter, StepClock, check_plan, format_table, gather_stats, model_facts,
+                                   profile_steps, state_bytes, write_summary)
 
 
 def load_digits_split(seed: int = 0):
@@ -86,14 +85,7 @@ def _report(args, ctx, model: nn.Module, xte: torch.Tensor, yte: torch.Tensor, r
     print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
     print(steplog.summary())
     ranks = {lab: {**r, "device": d} for lab, r, d in zip(labels, rows, devices)}
-    plan = planned()
-    check = None
-    if plan is not None:
-        check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)},
-                                 clock.times)
-        print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
-              f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
-        log_prediction(writer, check)
+    check = check_plan(rows, labels, clock.times, writer)
     path = write_summary(run_dir, {"prediction": check, "model": model_facts(model, acts),
                                    "global_batch": args.global_batch, "accuracy": acc, "samples_per_s": sps, "epochs": args.epochs,
                                    "mode": ctx.comm.mode, "balance": args.balance,

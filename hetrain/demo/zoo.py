@@ -23,9 +23,8 @@ from hetrain.cluster.device import EmulatedDevice
 from hetrain.models import ZOO, build_model
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import (SKIP_STEPS, ActivationMeter, StepClock, format_table, gather_stats, log_prediction,
-                                   model_facts, planned, prediction_check, profile_steps, state_bytes,
-                                   write_summary)
+from hetrain.train.summary import (SKIP_STEPS, ActivationMeter, StepClock, check_plan, format_table, gather_stats,
+                                   model_facts, profile_steps, state_bytes, write_summary)
 
 
 def synthetic(model, n: int, seed: int = 0) -> TensorDataset:
@@ -75,8 +74,8 @@ def main(argv=None) -> int:
     probe = ActivationMeter(model)  # bytes one sample keeps for backward: what caps a share by memory
     with probe:
         model(*(t[:1].to(device) for t in data.tensors[:-1]))
-    loader = BalancedLoader(data, args.global_batch, optimizer=opt, memory_per_sample=float(probe.peak()), device=device,
-                            balance=args.balance, logger=steplog, seed=1)
+    loader = BalancedLoader(data, args.global_batch, optimizer=opt, memory_per_sample=float(probe.peak()),
+                            device=device, balance=args.balance, logger=steplog, seed=1)
     clock, acts = StepClock(), ActivationMeter(model)
     samples = steps = 0
     limit = profile_steps()  # `hetrain launch --auto`'s profiling round: a few steps, then plan
@@ -107,13 +106,7 @@ def main(argv=None) -> int:
     if rank == 0:
         labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
         print(format_table(rows, labels))
-        plan, check = planned(), None
-        if plan is not None:
-            check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)},
-                                     clock.times)
-            print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
-                  f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
-            log_prediction(writer, check)
+        check = check_plan(rows, labels, clock.times, writer)
         write_summary(run_dir, {"model_name": args.model, "model": model_facts(model, acts, skip),
                                 "global_batch": args.global_batch, "mode": ctx.comm.mode, "balance": args.balance,
                                 "samples_per_s": sum(r["samples"] for r in rows) / wall, "step_s": rows[0]["step_s"],

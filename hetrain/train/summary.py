@@ -166,3 +166,17 @@ def log_prediction(writer, check: dict) -> None:
         writer.add_scalar(f"plan/measured_memory_mb/{k}", v / 1e6, 0)
         if k in check["predicted_memory"]:
             writer.add_scalar(f"plan/predicted_memory_mb/{k}", check["predicted_memory"][k] / 1e6, 0)
+
+
+def check_plan(rows: list[dict], labels: list[str], step_times: list[float], writer) -> dict | None:
+    """The run's plan (if it was launched with one) against the measured run: prints the
+    step-time comparison, logs it to TensorBoard and returns it for the summary (None
+    without a plan). `rows`: per-worker dicts with "step_s" and "memory"."""
+    plan = planned()
+    if plan is None:
+        return None
+    check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)}, step_times)
+    print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
+          f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
+    log_prediction(writer, check)
+    return check
