@@ -251,10 +251,11 @@ def layer_times(model, device="cpu", batch: int = 32, repeats: int = 5, runs: in
         times.append(max(time_passes(once, device, distinct, runs, repeats) / batch, 1e-12))
         states = [tuple(o.detach() for o in out) for out in outs]
         acts.append(_nbytes(states[0]) / batch)
+    kept = saved_bytes(run_model, first, batch)  # before a GPU copy of the model is freed
     if device.type == "cuda":
         del run_model
         torch.cuda.empty_cache()
-    return tuple(times), tuple(acts), saved_bytes(run_model, first, batch)
+    return tuple(times), tuple(acts), kept
 
 
 def cuda_device_key(device=None) -> str:
