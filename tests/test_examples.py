@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import plain_reference_finished
+
 ROOT = Path(__file__).parents[1]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -80,7 +82,9 @@ def test_converted_example_matches_single_process(name, tmp_path):
     args = CASES[name]
     plain = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], capture_output=True, text=True,
                            timeout=240, env=env, cwd=tmp_path)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
+    # plain PyTorch: PyTorch's own gloo exit race may end it after its result (tests/helpers.py)
+    assert plain_reference_finished(plain.returncode, plain.stdout + plain.stderr, len(_results(plain.stdout)), 1), \
+        plain.stdout + plain.stderr
     [want] = _results(plain.stdout)
     # the built-in cluster: 4 workers (speeds 1, 1, 0.5, 0.25) + 2 CPU machines
     mode, servers = MODES[name]

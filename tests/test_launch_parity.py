@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SCRIPTS
+from tests.helpers import SCRIPTS, plain_reference_finished
 
 ROOT = Path(__file__).parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -40,16 +40,20 @@ def _run(argv: list[str], cwd: Path, timeout: float = 240) -> subprocess.Complet
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=cwd)
 
 
-def _results(proc: subprocess.CompletedProcess) -> list[dict]:
-    """Every rank's RESULT line, checked to exit 0 and without an abort."""
+def _results(proc: subprocess.CompletedProcess, reference: int = 0) -> list[dict]:
+    """Every rank's RESULT line, checked to exit 0 and without an abort. `reference`: a
+    plain torchrun run of that many ranks, which may also end in PyTorch's own gloo exit
+    race once every rank printed its result (tests/helpers.py); hetrain's runs may not."""
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "terminate called" not in out and "core dumped" not in out.lower(), out[-4000:]
     # plain torchrun's ranks share one stdout and print's pieces are separate writes, so two
     # ranks' lines can interleave ("RESULTRESULT  {..}{..}"): find each RESULT object itself
     # (they hold no nested objects; nothing else the scripts print holds braces)
-    assert "RESULT" in proc.stdout, out[-3000:]
     results = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", proc.stdout)]
+    if reference and plain_reference_finished(proc.returncode, out, len(results), reference):
+        return results
+    assert proc.returncode == 0, out[-4000:]
+    assert "terminate called" not in out and "core dumped" not in out.lower(), out[-4000:]
+    assert "RESULT" in proc.stdout, out[-3000:]
     assert results, out[-3000:]
     return results
 
@@ -64,7 +68,7 @@ def _same(results: list[dict], reference: dict, keys: tuple[str, ...]) -> None:
 def test_the_ddp_example_runs_unchanged_under_hetrain_launch(tmp_path):
     """`torchrun --nproc_per_node 2 examples/ddp_digits.py` with torchrun replaced: every
     run exits 0 with the model plain torchrun trains."""
-    reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", *DDP], tmp_path))
+    reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", *DDP], tmp_path), reference=2)
     for i in range(RUNS):
         res = _results(_run([*HETRAIN, "--nproc_per_node", "2", "--run-dir", str(tmp_path / f"r{i}"), *DDP], tmp_path))
         assert len(res) == 2, f"run {i}"
@@ -75,7 +79,7 @@ def test_the_ddp_example_runs_unchanged_under_hetrain_launch(tmp_path):
 def test_a_two_node_launch_runs_the_ddp_example(tmp_path):
     """Two launchers on this host, `--nnodes 2 --node_rank 0|1` with torchrun's flags:
     four ranks that train the model plain torchrun trains on four processes."""
-    reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "4", *DDP], tmp_path))
+    reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "4", *DDP], tmp_path), reference=4)
     for i in range(1):  # one launch: the one-node test repeats the launch itself
         port = _free_port()
         nodes = [subprocess.Popen([*HETRAIN, "--nnodes", "2", "--node_rank", str(k), "--nproc_per_node", "2",
@@ -99,7 +103,7 @@ def test_an_elastic_script_restarts_from_its_checkpoint_as_under_torchrun(tmp_pa
     env:// rendezvous forms again; the final weights equal an uninterrupted torchrun run."""
     (tmp_path / "ref").mkdir()
     reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", ELASTIC,
-                               str(tmp_path / "ref"), "0"], tmp_path))
+                               str(tmp_path / "ref"), "0"], tmp_path), reference=2)
     assert {r["restart"] for r in reference} == {0}
     for i in range(1):  # one launch: the one-node test repeats the launch itself
         out, run = tmp_path / f"out{i}", tmp_path / f"run{i}"

@@ -17,6 +17,7 @@ from .auth import admit, load_secret
 from .devices import Backends, bind, nccl_environment, nccl_group_options, plan_backends
 from .env import CommConfig, ProcEnv
 from .heartbeat import Heartbeat, mark_leaving, stale_ranks
+from .settle import settle_at_exit
 from .rounds import dead_key
 from .netif import iface_for_address
 from .topology import Topology, build_topology, lanes_for
@@ -205,6 +206,7 @@ def init() -> Context:
     # liveness within --timeout (CommConfig.op_timeout_s says why)
     timeout = env.comm.op_timeout_s
     heartbeat = None
+    settle_at_exit()  # registered first, so it runs last: runtime/settle.py says why
     if env.origin == "torchrun":  # torchrun's store and agent: no hetrain liveness, no rounds
         store = _join_torchrun(env, iface, env.comm.timeout_s)
     else:

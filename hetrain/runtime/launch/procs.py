@@ -145,9 +145,12 @@ def full_env(overrides: dict[str, str], base: dict[str, str] | None = None) -> d
 
 
 def process_args(cfg: LaunchConfig, p: Proc) -> list[str]:
-    """The interpreter's arguments for one process: the user's script on workers, the
-    summation service on servers."""
-    return ["-u", *cfg.argv] if p.role == "worker" else ["-u", "-m", "hetrain.comm.server"]
+    """The interpreter's arguments for one process: the user's script on workers (run as
+    `python SCRIPT` would, through `hetrain.runtime.script`, which lets gloo's threads
+    settle before the interpreter finalises), the summation service on servers."""
+    if p.role == "worker":
+        return ["-u", "-m", "hetrain.runtime.script", *cfg.argv]
+    return ["-u", "-m", "hetrain.comm.server"]
 
 
 def start_process(argv: list[str], env: dict[str, str], cwd: str | None = None,
