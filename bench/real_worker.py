@@ -225,7 +225,7 @@ def main(argv=None) -> int:
                 runs.append(one_run(a, kind, rep, ctx, data))
                 prof.disable()
         with open(os.environ["BENCH_CPROFILE"], "w") as fh:
-            pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
+            prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof"); pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
     else:
         runs = [one_run(a, kind, rep, ctx, data) for rep in range(a.repeats) for kind in a.kinds.split(",")]
     if hetrain.rank() == 0:

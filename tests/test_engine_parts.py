@@ -15,9 +15,9 @@ from hetrain.comm import p2p
 from hetrain.comm.engine import PushPull, check_tensors
 from hetrain.comm.flatlayout import FlatLayout, balanced_owners
 from hetrain.comm.layout import Entry, Manifest
-from hetrain.comm.partition import plan_for
+from hetrain.comm.partition import plan_buckets, plan_for
 from hetrain.comm.protocol import OK, SLOW, ControlInbox, Header, check_header
-from hetrain.comm.staging import HostDirect, HostWork
+from hetrain.comm.staging import HostDirect, HostInPlace, HostWork
 from hetrain.comm.layout import TensorMismatchError
 from hetrain.comm.transport import AllReduceTransport, HierarchicalTransport, ServerTransport, make_transport
 from hetrain.comm.window import CreditWindow, window_partitions
@@ -352,3 +352,37 @@ def test_allreduce_buckets_are_the_same_on_gpu_and_cpu_workers():
         manifest = Manifest(tuple(Entry(f"w{i}", (2_000_000,)) for i in range(5)))
         cuts.append([(p.start, p.length) for p in AllReduceTransport(ctx).partitions(manifest)])
     assert cuts[0] == cuts[1] and len(cuts[0]) > 1
+
+
+@pytest.mark.parametrize("ranged", [False, True])
+def test_host_in_place_staging_all_reduces_buckets_where_they_lie_and_through_buffers(ranged):
+    """All-reduce buckets over the tensors of a step: several tensors per bucket (packed and
+    unpacked in one go), one bucket inside one large tensor (in place), a tensor cut over
+    two buckets, a non-contiguous tensor and one that shares storage with an earlier one
+    (both through buffers, written back by complete()); `ranged` hands every tensor over
+    in two halves. A stand-in all-reduce doubles each bucket; every element must end as
+    2 x scale x its value."""
+    base = torch.randn(40)
+    ts = [torch.randn(50), torch.randn(7), torch.randn(30, 20).t(), base[:20], base[20:], torch.randn(300),
+          torch.randn(3)]
+    orig = [t.clone() for t in ts]
+    manifest = Manifest.of([(f"t{i}", t) for i, t in enumerate(ts)])
+    lay = FlatLayout.build(manifest, plan_buckets([t.numel() for t in ts], 60, 200))
+    assert any(len(s) > 1 for s in lay.spans) and any(len(s) == 1 for s in lay.spans)
+    assert any(len(touch) > 1 for touch in lay.tensor_touches)  # a tensor over two buckets
+    s = HostInPlace(lay)
+    for step in range(2):  # buffers are reused from one step to the next
+        for t, o in zip(ts, orig):
+            t.copy_(o)
+        s.begin(0.25)
+        done = []
+        for i in reversed(range(len(ts))):  # backward order
+            n = ts[i].numel()
+            done += s.fill(i, ts[i], 0, n // 2) + s.fill(i, ts[i], n // 2, n) if ranged else s.fill(i, ts[i], 0, n)
+        assert sorted(done) == list(range(len(lay.parts))) and sorted(s.work_ready(False)) == sorted(done)
+        for pid in done:
+            s.work_view(pid).mul_(2.0)  # the all-reduce of two workers holding the same values
+            s.deliver(pid)
+        s.complete(ts)
+        for t, o in zip(ts, orig):
+            torch.testing.assert_close(t, 0.5 * o)

@@ -271,15 +271,36 @@ class HostInPlace(Staging):
     in place and all-reduced on that tensor's own memory, so the common case (a bucket per
     large weight) costs no copy and no buffer. A bucket of several tensors (the small ones:
     biases, norms) goes through a buffer of its own, allocated once per layout, so memory
-    beyond the model is the size of those buckets, not a copy of every gradient."""
+    beyond the model is the size of those buckets, not a copy of every gradient.
+
+    A buffered bucket is packed when its last tensor is ready, in one call (its tensors'
+    values are final from their hooks on), and unpacked in one call: per gradient a hook
+    then only records a view. A model of many small tensors in one bucket (a transformer's
+    projections and norms) so pays two copies per bucket, not a Python round per tensor."""
 
     def __init__(self, layout: FlatLayout):
         super().__init__(layout)
         if layout.wire is not None:  # pragma: no cover - all-reduce carries fp32 only
             raise ValueError("in-place staging carries fp32 gradients only (codecs need summation servers)")
-        self.buffers: dict[int, torch.Tensor] = {
-            pid: torch.empty(p.length, dtype=torch.float32)
-            for pid, p in enumerate(layout.parts) if len(layout.spans[pid]) > 1}
+        self.buffers: dict[int, torch.Tensor] = {}
+        # per buffered bucket: its spans as (tensor, first, end) in the tensor's own
+        # elements, and the buffer's matching pieces (views made once per layout)
+        self.slots: dict[int, list[tuple[int, int, int]]] = {}
+        self.pieces: dict[int, list[torch.Tensor]] = {}
+        self._slot_of: dict[tuple[int, int], int] = {}  # (bucket, tensor) -> its slot
+        for pid in range(len(layout.parts)):
+            if len(layout.spans[pid]) > 1:
+                self._buffer(pid)
+
+    def _buffer(self, pid: int) -> torch.Tensor:
+        p = self.layout.parts[pid]
+        buf = self.buffers[pid] = torch.empty(p.length, dtype=torch.float32)
+        spans = self.layout.spans[pid]
+        self.slots[pid] = [(i, lo - self.layout.bounds[i], hi - self.layout.bounds[i]) for i, lo, hi in spans]
+        self.pieces[pid] = list(torch.split(buf, [hi - lo for _, lo, hi in spans]))
+        for k, (i, _lo, _hi) in enumerate(spans):
+            self._slot_of[(pid, i)] = k
+        return buf
 
     def begin(self, scale=1.0) -> None:
         """`scale`: a number, or a callable giving it (b_i / Σb once the step header is in:
@@ -288,6 +309,7 @@ class HostInPlace(Staging):
         self._scale = scale
         self.targets: dict[int, torch.Tensor | None] = {}
         self.storages: set = set()
+        self.held: dict[int, list[tuple[int, torch.Tensor]]] = {}  # bucket -> (slot, source) to pack
 
     def resolve(self) -> float:
         if callable(self._scale):
@@ -311,20 +333,32 @@ class HostInPlace(Staging):
         a = self.layout.bounds[i]
         whole = lo == 0 and a + hi == self.layout.bounds[i + 1]  # the common case: from a hook
         src = None
-        for pid, _n in (self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)):
-            buf = self.buffers.get(pid)
-            if buf is None and flat is not None:  # in place: scaled where it lies at launch
-                continue
-            if src is None:
-                src = t.detach().reshape(-1)[lo:hi]
-            p = self.layout.parts[pid]
-            s, e = max(a + lo, p.start), min(a + hi, p.start + p.length)
-            if buf is None:  # a bucket in one tensor that cannot be all-reduced where it lies
-                buf = self.buffers[pid] = torch.empty(p.length, dtype=torch.float32)
-            buf[s - p.start: e - p.start].copy_(src[s - a - lo: e - a - lo])
-        done = self._count(i, lo, hi)
+        done = []
+        for pid, n in (self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)):
+            if pid not in self.buffers and flat is None:  # one tensor that cannot be all-reduced where it lies
+                self._buffer(pid)
+            if pid in self.buffers:
+                if src is None:
+                    src = flat if flat is not None else t.detach().reshape(-1)
+                k = self._slot_of[(pid, i)]
+                _, s, e = self.slots[pid][k]
+                if whole:  # packed with the rest of the bucket once it is complete
+                    self.held.setdefault(pid, []).append((k, src if e - s == len(src) else src[s:e]))
+                else:  # a range: copied now
+                    s, e = max(s, lo), min(e, hi)
+                    self.pieces[pid][k][s - self.slots[pid][k][1]: e - self.slots[pid][k][1]].copy_(src[s:e])
+            self.filled[pid] += n
+            if self.filled[pid] == self.layout.parts[pid].length:
+                self._pack(pid)
+                done.append(pid)
         self._ready.extend(done)
         return done
+
+    def _pack(self, pid: int) -> None:
+        held = self.held.pop(pid, None)
+        if held:
+            pieces = self.pieces[pid]
+            _copy_all([pieces[k] for k, _ in held], [src for _, src in held])
 
     def work_view(self, pid: int) -> torch.Tensor:
         """The bucket to all-reduce, scaled by b_i / Σb (called once per bucket, at launch)."""
@@ -339,15 +373,15 @@ class HostInPlace(Staging):
         return view
 
     def deliver(self, pid: int) -> None:
-        buf = self.buffers.get(pid)
-        if buf is None:
+        if pid not in self.buffers:
             return
-        p = self.layout.parts[pid]
-        for i, lo, hi in self.layout.spans[pid]:
+        dsts, srcs = [], []
+        for (i, lo, hi), piece in zip(self.slots[pid], self.pieces[pid]):
             dst = self.targets.get(i)
             if dst is not None:
-                a = self.layout.bounds[i]
-                dst[lo - a: hi - a].copy_(buf[lo - p.start: hi - p.start])
+                dsts.append(dst if hi - lo == dst.numel() else dst[lo:hi])
+                srcs.append(piece)
+        _copy_all(dsts, srcs)
 
     def complete(self, tensors) -> None:
         for i, t in enumerate(tensors):
@@ -358,3 +392,12 @@ class HostInPlace(Staging):
                     p = self.layout.parts[pid]
                     pieces.append(self.buffers[pid][max(a, p.start) - p.start: min(b, p.start + p.length) - p.start])
                 t.copy_(torch.cat(pieces).view_as(t))
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dsts[k] <- srcs[k] for every k, in one call where this torch has `_foreach_copy_`."""
+    if len(dsts) > 1 and hasattr(torch, "_foreach_copy_"):
+        torch._foreach_copy_(dsts, srcs)
+    else:
+        for d, s in zip(dsts, srcs):
+            d.copy_(s)
