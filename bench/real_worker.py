@@ -8,7 +8,8 @@ hooks fire once: overlap stays on for hetrain and for PyTorch DDP alike.
 Models (digits, 8x8 images, 10 classes): `mlp` (width-512, 4 layers), `cnn` (3 conv layers,
 pooled, a linear head), `transformer` (8 tokens of 8 pixels, 2 encoder layers, d=64).
 
-Kinds, run interleaved (`--kinds ddp,even,balanced,...`, every repeat runs each once):
+Kinds, run interleaved (`--kinds ddp,even,balanced,...`, every repeat runs each once;
+`ddp+even` trains both side by side, alternating their steps):
   ddp        PyTorch DDP, equal shares of the same global batches (its bucketed, overlapped
              all-reduce)
   even       hetrain, equal shares (BalancedLoader balance="equal"), overlap on
@@ -104,94 +105,129 @@ def _hetrain_batches(loader):
 
 
 def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
-    """Seconds per sample of forward+backward on this worker at an equal share (all workers
-    at once, as in training, so shared cores are shared here too); median of the steps."""
+    """This worker's forward+backward time as fixed + per-sample seconds, fitted on three
+    batch sizes (half, one and one and a half equal shares: the range balanced shares
+    take), all workers at once as in training (shared cores are shared here too); the
+    median step per size. A per-sample cost alone would charge a small share the fixed
+    part of a pass (Python, kernel launches) it does not shrink by."""
     xtr, ytr = data[0], data[1]
     b = a.global_batch // nw
-    idx = torch.arange(rank * b, (rank + 1) * b) % len(xtr)
-    ts = []
-    for _ in range(a.speed_steps):
-        model.zero_grad()
-        t = time.perf_counter()
-        F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
-        ts.append(time.perf_counter() - t)
-    mine = torch.tensor([float(np.median(ts[2:])) / b], dtype=torch.float64)
+    sizes = [max(1, b // 2), b, b + b // 2]
+    med = []
+    for n in sizes:
+        idx = torch.arange(rank * n, (rank + 1) * n) % len(xtr)
+        ts = []
+        for _ in range(a.speed_steps):
+            model.zero_grad()
+            t = time.perf_counter()
+            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+            ts.append(time.perf_counter() - t)
+        med.append(float(np.median(ts[2:])))
+    per, fixed = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(med), 1)
+    mine = torch.tensor([med[1] / b, max(0.0, float(fixed)), max(1e-12, float(per))], dtype=torch.float64)
     allp = [torch.zeros_like(mine) for _ in range(nw)]
     dist.all_gather(allp, mine, group=ctx.worker_group)
-    return {"kind": "speed", "rep": -1, "per_sample_s": [float(p.item()) for p in allp], "share": b}
+    return {"kind": "speed", "rep": -1, "per_sample_s": [float(p[0]) for p in allp],
+            "fixed_s": [float(p[1]) for p in allp], "slope_s": [float(p[2]) for p in allp], "share": b,
+            "sizes": sizes}
 
 
-def one_run(a, kind: str, rep: int, ctx, data) -> dict:
-    rank, nw = hetrain.rank(), hetrain.size()
-    xtr, ytr, xte, yte = data
-    extra = int(a.slow.split(",")[rank]) if a.slow else 0
-    model = make_model(a.model, 100 + rep)
-    net = Slowed(model, extra)
-    loader = None
-    if kind == "speed":  # this worker's compute alone: forward+backward at an equal share, no exchange
-        return measure_speed(a, net, model, data, rank, nw, ctx)
-    if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+class Runner:
+    """One system's training run, a step at a time (so two systems can alternate steps)."""
 
-        net = DDP(net, process_group=ctx.worker_group)
-        opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
-        batches = _ddp_batches(GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep), xtr, ytr, rank)
-    else:
-        opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9),
-                                           named_parameters=model.named_parameters(), overlap=True)
-        loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=opt, seed=rep, device="cpu",
-                                balance="equal" if kind == "even" else "measured",
-                                strategy="accumulate" if kind == "accumulate" else "unequal",
-                                micro_batch=a.micro_batch)
-        batches = _hetrain_batches(loader)
-    times, phases, accs = [], [], []
-    paused = 0.0
-    t0 = time.perf_counter()
-    for step, (x, y) in enumerate(batches, 1):
+    def __init__(self, a, kind: str, rep: int, ctx, data):
+        self.a, self.kind, self.rep, self.ctx, self.data = a, kind, rep, ctx, data
+        rank, nw = hetrain.rank(), hetrain.size()
+        xtr, ytr = data[0], data[1]
+        extra = int(a.slow.split(",")[rank]) if a.slow else 0
+        self.model = make_model(a.model, 100 + rep)
+        self.net = Slowed(self.model, extra)
+        self.loader = None
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.net = DDP(self.net, process_group=ctx.worker_group)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr, momentum=0.9)
+            self.batches = _ddp_batches(GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep), xtr, ytr, rank)
+        else:
+            self.opt = hetrain.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=a.lr, momentum=0.9),
+                                                    named_parameters=self.model.named_parameters(), overlap=True)
+            self.loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=self.opt, seed=rep, device="cpu",
+                                         balance="equal" if kind == "even" else "measured",
+                                         strategy="accumulate" if kind == "accumulate" else "unequal",
+                                         micro_batch=a.micro_batch)
+            self.batches = _hetrain_batches(self.loader)
+        self.times, self.phases, self.accs = [], [], []
+        self.clock = 0.0  # this system's own training time (other systems' steps and evaluation excluded)
+        self.steps = 0
+
+    def step(self) -> None:
+        a, kind, nw = self.a, self.kind, hetrain.size()
+        t0 = time.perf_counter()
+        x, y = next(self.batches)
         ta = time.perf_counter()
-        opt.zero_grad()
+        self.opt.zero_grad()
+        loader = self.loader
         micro = loader.micro_batches(x, y) if (loader is not None and kind == "accumulate") else [(x, y)]
         tf = tb = 0.0
         for mx, my in micro:
             t1 = time.perf_counter()
-            out = net(mx) if len(mx) else None
+            out = self.net(mx) if len(mx) else None
             t2 = time.perf_counter()
             if out is not None:
                 scale = len(mx) / len(x) if kind != "ddp" else len(mx) * nw / a.global_batch
                 (F.cross_entropy(out, my) * scale).backward()
             elif kind == "ddp":  # DDP needs every rank in the all-reduce
-                (sum(p.sum() for p in net.parameters()) * 0).backward()
+                (sum(p.sum() for p in self.net.parameters()) * 0).backward()
             tf += t2 - t1
             tb += time.perf_counter() - t2
         t3 = time.perf_counter()
         if kind != "ddp":
-            opt.synchronize()
+            self.opt.synchronize()
         t35 = time.perf_counter()
         if kind != "ddp":
-            with opt.skip_synchronize():
-                opt.step()
+            with self.opt.skip_synchronize():
+                self.opt.step()
         else:
-            opt.step()
+            self.opt.step()
         t4 = time.perf_counter()
-        times.append(t4 - t0 - paused)
-        phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x)))
-        if a.eval_every and step % a.eval_every == 0:  # evaluation time is not training time
-            accs.append((step, times[-1], acc_of(model, xte, yte)))
-            paused += time.perf_counter() - t4
-        if step >= a.steps:
-            break
-    out = {"kind": kind, "rep": rep, "times": times, "final_acc": acc_of(model, xte, yte), "accs": accs}
-    if loader is not None:
-        loader.finish()
-        out["sizes"] = [[int(v) for v in h] for h in loader.balancer.history[:a.steps]]
-        out["loader_exchange_s"] = loader.batches.exchange_s
-    # every rank's phases (before, forward, backward, step, samples) per step
-    mine = torch.tensor(phases, dtype=torch.float64)
-    allp = [torch.zeros_like(mine) for _ in range(nw)]
-    dist.all_gather(allp, mine, group=ctx.worker_group)
-    out["phases"] = [p.tolist() for p in allp]
-    dist.barrier(group=ctx.worker_group)
-    return out
+        self.clock += t4 - t0
+        self.times.append(self.clock)
+        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x)))
+        self.steps += 1
+        if a.eval_every and self.steps % a.eval_every == 0:  # evaluation time is not training time
+            self.accs.append((self.steps, self.clock, acc_of(self.model, self.data[2], self.data[3])))
+
+    def result(self) -> dict:
+        a, nw = self.a, hetrain.size()
+        out = {"kind": self.kind, "rep": self.rep, "times": self.times,
+               "final_acc": acc_of(self.model, self.data[2], self.data[3]), "accs": self.accs}
+        if self.loader is not None:
+            self.loader.finish()
+            out["sizes"] = [[int(v) for v in h] for h in self.loader.balancer.history[:a.steps]]
+            out["loader_exchange_s"] = self.loader.batches.exchange_s
+        # every rank's phases (before, forward, backward, step, samples) per step
+        mine = torch.tensor(self.phases, dtype=torch.float64)
+        allp = [torch.zeros_like(mine) for _ in range(nw)]
+        dist.all_gather(allp, mine, group=self.ctx.worker_group)
+        out["phases"] = [p.tolist() for p in allp]
+        dist.barrier(group=self.ctx.worker_group)
+        return out
+
+
+def one_run(a, kind: str, rep: int, ctx, data) -> list[dict]:
+    """`kind`, or several joined by '+' (e.g. `ddp+even`) trained side by side: their steps
+    alternate (ABBA...), so a host whose speed drifts slows each system alike."""
+    rank, nw = hetrain.rank(), hetrain.size()
+    if kind == "speed":  # this worker's compute alone: forward+backward at an equal share, no exchange
+        model = make_model(a.model, 100 + rep)
+        extra = int(a.slow.split(",")[rank]) if a.slow else 0
+        return [measure_speed(a, Slowed(model, extra), model, data, rank, nw, ctx)]
+    runners = [Runner(a, k, rep, ctx, data) for k in kind.split("+")]
+    for step in range(a.steps):
+        for r in (runners if step % 2 == 0 else runners[::-1]):
+            r.step()
+    return [r.result() for r in runners]
 
 
 def main(argv=None) -> int:
@@ -222,12 +258,12 @@ def main(argv=None) -> int:
             for kind in a.kinds.split(","):
                 if kind == "even" and rep == a.repeats - 1:
                     prof.enable()
-                runs.append(one_run(a, kind, rep, ctx, data))
+                runs += one_run(a, kind, rep, ctx, data)
                 prof.disable()
         with open(os.environ["BENCH_CPROFILE"], "w") as fh:
             prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof"); pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
     else:
-        runs = [one_run(a, kind, rep, ctx, data) for rep in range(a.repeats) for kind in a.kinds.split(",")]
+        runs = [r for rep in range(a.repeats) for kind in a.kinds.split(",") for r in one_run(a, kind, rep, ctx, data)]
     if hetrain.rank() == 0:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"runs": runs, "model": a.model, "slow": a.slow,

@@ -1,0 +1,32 @@
+"""The ideal that bench/hetero.py's real-compute cases hold hetrain's balancing to
+(bench/hetero_cases.py `compute_saved`), on hand-computed workers. In-process."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from hetero_cases import compute_saved  # noqa: E402
+
+
+def test_without_fixed_parts_the_saving_is_the_slowest_equal_share_minus_the_harmonic_finish():
+    slope = np.array([1e-4, 2e-4])
+    # equal shares: 256 x 2e-4 = 51.2 ms; balanced: 512 / (1e4 + 5e3) = 34.13 ms
+    assert compute_saved(np.zeros(2), slope, 512) == pytest.approx(0.0512 - 512 / 15000)
+
+
+def test_fixed_parts_count_and_a_worker_slower_than_the_finish_sits_out():
+    fixed, slope = np.array([0.001, 0.002]), np.array([1e-4, 2e-4])
+    t = (512 + 10 + 10) / 15000  # Σ (T - f_i) / s_i = B
+    assert compute_saved(fixed, slope, 512) == pytest.approx(0.002 + 0.0512 - t)
+    # a third worker whose fixed part alone outlasts the others' finish takes nothing
+    fixed3, slope3 = np.append(fixed, 0.5), np.append(slope, 1e-6)
+    equal3 = 0.5 + 1e-6 * 512 / 3
+    assert compute_saved(fixed3, slope3, 512) == pytest.approx(equal3 - t)
+
+
+def test_a_measured_equal_step_below_the_fits_bounds_the_saving():
+    slope = np.array([1e-4, 2e-4])
+    assert compute_saved(np.zeros(2), slope, 512, equal=0.040) == pytest.approx(0.040 - 512 / 15000)
+    assert compute_saved(np.zeros(2), slope, 512, equal=0.9) == pytest.approx(0.0512 - 512 / 15000)
