@@ -29,6 +29,24 @@ def pytest_configure(config):
             _sanitizer.enable_cuda_sanitizer()
 
 
+def run_launcher(cmd: list[str], env: dict, limit: float) -> tuple[int, str]:
+    """Run a `hetrain launch` command; past `limit` seconds, stop it as a user would (SIGTERM:
+    the launcher stops its processes, which run in sessions of their own), then kill it,
+    so no worker outlives a timed-out test and takes the cores from the rest of the suite."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return proc.returncode, out
+
+
 @pytest.fixture
 def launch(tmp_path):
     """Run `hetrain launch` in a real subprocess; returns (returncode, output, run_dir)."""
@@ -41,7 +59,7 @@ def launch(tmp_path):
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode,
                "--timeout", str(timeout), "--run-dir", str(run_dir), *extra, str(SCRIPTS / script), *args]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
-        return proc.returncode, proc.stdout + proc.stderr, run_dir
+        return_code, out = run_launcher(cmd, env, limit)
+        return return_code, out, run_dir
 
     return _run
