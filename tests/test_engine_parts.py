@@ -386,3 +386,36 @@ def test_host_in_place_staging_all_reduces_buckets_where_they_lie_and_through_bu
         s.complete(ts)
         for t, o in zip(ts, orig):
             torch.testing.assert_close(t, 0.5 * o)
+
+
+def test_gradient_homes_live_in_the_bucket_and_are_neither_packed_nor_unpacked():
+    """Gradients pointed at their piece of a bucket buffer (`homes_for`, what the optimizer
+    does at zero_grad) are summed where they lie; one replaced by another tensor (set to
+    None and re-made by backward) takes the copying path; results are the same."""
+    shapes = [(6, 5), (5,), (40,), (3, 4)]
+    params = [torch.zeros(s) for s in shapes]
+    manifest = Manifest.of([(f"p{i}", p) for i, p in enumerate(params)])
+    lay = FlatLayout.build(manifest, plan_buckets([p.numel() for p in params], 36, 60))
+    s = HostInPlace(lay)
+    homes = s.homes_for(params)
+    assert homes and all(homes[i].shape == params[i].shape for i in homes)
+    assert s.homes_for(params) is homes  # made once per parameter list
+    values = [torch.randn(sh) for sh in shapes]
+    for moved in (False, True):
+        s.zero_homes()
+        grads = {i: homes[i] for i in homes}
+        for i, v in enumerate(values):
+            if i in grads and not (moved and i == min(grads)):
+                grads[i].add_(v)  # backward accumulating into the home
+            else:
+                grads[i] = v.clone()  # a gradient backward made elsewhere
+        s.begin(0.5)
+        done = []
+        for i in reversed(range(len(shapes))):
+            done += s.fill(i, grads[i], 0, grads[i].numel())
+        for pid in done:
+            s.work_view(pid).mul_(2.0)
+            s.deliver(pid)
+        s.complete([grads[i] for i in range(len(shapes))])
+        for i, v in enumerate(values):
+            torch.testing.assert_close(grads[i], v)

@@ -381,7 +381,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._inner.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's zero_grad; then, on a host all-reduce job, gradients that
+        fit one all-reduce bucket are pointed at their piece of it, zeroed (PyTorch DDP's
+        `gradient_as_bucket_view`): backward accumulates into the bucket, and neither a copy
+        in nor a copy out is made. Such a `.grad` is a zero tensor, not None, after this."""
         self._inner.zero_grad(set_to_none=set_to_none)
+        if self.sync == "sync" and self.op != ReduceOp.ADASUM and not self.engine.in_flight:
+            homes = self.engine.grad_homes(self._named)
+            if homes:
+                self.engine.zero_grad_homes()
+                named = self._named
+                for i, view in homes.items():
+                    named[i][1].grad = view
         self._armed = self.overlap
         self._synced = False
         self._passes = [0] * len(self._named)

@@ -263,6 +263,25 @@ class PushPull:
             exposed, hidden = end - st.t_begin, 0.0
         self._account(st.wait_s, exposed, tr.bytes_out, hidden, tr.bytes_in)
 
+    def grad_homes(self, named: list[tuple[str, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """Where the gradients of `named` (the parameters of the agreed layout) can live so
+        that backward accumulates them straight into the all-reduce buckets, by index:
+        views of the host all-reduce buffers (comm/staging.py `HostInPlace.homes_for`),
+        once a step has agreed the layout; empty elsewhere (servers, GPUs, one process)."""
+        st = self._stagings.get(torch.device("cpu"))
+        if self._step is not None or not isinstance(st, HostInPlace) or self._layout is None:
+            return {}
+        if len(named) != len(self._layout.manifest.entries) or any(
+                n != e.name for (n, _), e in zip(named, self._layout.manifest.entries)):
+            return {}
+        return st.homes_for([t for _, t in named])
+
+    def zero_grad_homes(self) -> None:
+        """Zero the buffers that hold gradient homes (see `grad_homes`)."""
+        st = self._stagings.get(torch.device("cpu"))
+        if isinstance(st, HostInPlace):
+            st.zero_homes()
+
     def is_ready(self, index: int) -> bool:
         """Whether tensor `index` of the push_pull in flight was already handed over."""
         return self._step is not None and self._step.done[index]

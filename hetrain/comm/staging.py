@@ -276,7 +276,14 @@ class HostInPlace(Staging):
     A buffered bucket is packed when its last tensor is ready, in one call (its tensors'
     values are final from their hooks on), and unpacked in one call: per gradient a hook
     then only records a view. A model of many small tensors in one bucket (a transformer's
-    projections and norms) so pays two copies per bucket, not a Python round per tensor."""
+    projections and norms) so pays two copies per bucket, not a Python round per tensor.
+
+    *Gradient homes* (`homes_for`, PyTorch DDP's `gradient_as_bucket_view`): a gradient
+    that lies whole in a buffered bucket can live in the buffer itself, as a view the
+    optimizer puts in `.grad` at `zero_grad` (`zero_homes` zeroes the buffers), so that
+    backward accumulates into the bucket: such a gradient is neither packed nor unpacked.
+    A gradient found elsewhere (`.grad` replaced or set to None by other code) takes the
+    copying path, so results never depend on whether the view was kept."""
 
     def __init__(self, layout: FlatLayout):
         super().__init__(layout)
@@ -288,6 +295,9 @@ class HostInPlace(Staging):
         self.slots: dict[int, list[tuple[int, int, int]]] = {}
         self.pieces: dict[int, list[torch.Tensor]] = {}
         self._slot_of: dict[tuple[int, int], int] = {}  # (bucket, tensor) -> its slot
+        self.homes: dict[int, torch.Tensor] = {}  # tensor -> its flat piece of a bucket buffer (homes_for)
+        self._shaped: dict[int, torch.Tensor] = {}  # the same, shaped like the parameters
+        self._homes_key: object = None
         for pid in range(len(layout.parts)):
             if len(layout.spans[pid]) > 1:
                 self._buffer(pid)
@@ -329,9 +339,19 @@ class HostInPlace(Staging):
         return self.targets[i]
 
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        flat = self._target(i, t)
         a = self.layout.bounds[i]
         whole = lo == 0 and a + hi == self.layout.bounds[i + 1]  # the common case: from a hook
+        home = self.homes.get(i)
+        if whole and home is not None and t.data_ptr() == home.data_ptr():  # backward wrote it into its bucket
+            self.targets[i] = home
+            (pid, n), = self.layout.tensor_touches[i]
+            self.filled[pid] += n
+            if self.filled[pid] != self.layout.parts[pid].length:
+                return []
+            self._pack(pid)
+            self._ready.append(pid)
+            return [pid]
+        flat = self._target(i, t)
         src = None
         done = []
         for pid, n in (self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)):
@@ -378,10 +398,33 @@ class HostInPlace(Staging):
         dsts, srcs = [], []
         for (i, lo, hi), piece in zip(self.slots[pid], self.pieces[pid]):
             dst = self.targets.get(i)
-            if dst is not None:
+            if dst is not None and dst is not self.homes.get(i):  # a home already holds its result
                 dsts.append(dst if hi - lo == dst.numel() else dst[lo:hi])
                 srcs.append(piece)
         _copy_all(dsts, srcs)
+
+    def homes_for(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Views of the bucket buffers shaped like `params` (the tensors of this layout, in
+        order) for every parameter whose gradient can live in one: fp32 on the host, whole
+        inside one buffered bucket. Made once per parameter list."""
+        key = tuple(id(p) for p in params)
+        if key != self._homes_key:
+            homes = {}
+            if len(params) == len(self.layout.bounds) - 1:
+                for i, p in enumerate(params):
+                    touch = self.layout.tensor_touches[i]
+                    if (len(touch) != 1 or touch[0][0] not in self.buffers or p.dtype != torch.float32
+                            or p.device.type != "cpu" or p.numel() != touch[0][1]):
+                        continue
+                    homes[i] = self.pieces[touch[0][0]][self._slot_of[(touch[0][0], i)]]
+            self.homes, self._homes_key = homes, key
+            self._shaped = {i: v.view(params[i].shape) for i, v in homes.items()}
+        return self._shaped
+
+    def zero_homes(self) -> None:
+        """Zero the buffers that hold gradient homes (their gradients start the step at 0)."""
+        for pid in {self.layout.tensor_touches[i][0][0] for i in self.homes}:
+            self.buffers[pid].zero_()
 
     def complete(self, tensors) -> None:
         for i, t in enumerate(tensors):
