@@ -342,22 +342,16 @@ class HostInPlace(Staging):
         a = self.layout.bounds[i]
         whole = lo == 0 and a + hi == self.layout.bounds[i + 1]  # the common case: from a hook
         home = self.homes.get(i)
-        if whole and home is not None and t.data_ptr() == home.data_ptr():  # backward wrote it into its bucket
+        at_home = whole and home is not None and t.data_ptr() == home.data_ptr()  # backward wrote into the bucket
+        if at_home:
             self.targets[i] = home
-            (pid, n), = self.layout.tensor_touches[i]
-            self.filled[pid] += n
-            if self.filled[pid] != self.layout.parts[pid].length:
-                return []
-            self._pack(pid)
-            self._ready.append(pid)
-            return [pid]
-        flat = self._target(i, t)
+        flat = None if at_home else self._target(i, t)
         src = None
         done = []
         for pid, n in (self.layout.tensor_touches[i] if whole else self.layout.touches(a + lo, a + hi)):
-            if pid not in self.buffers and flat is None:  # one tensor that cannot be all-reduced where it lies
+            if not at_home and pid not in self.buffers and flat is None:  # cannot be all-reduced where it lies
                 self._buffer(pid)
-            if pid in self.buffers:
+            if not at_home and pid in self.buffers:
                 if src is None:
                     src = flat if flat is not None else t.detach().reshape(-1)
                 k = self._slot_of[(pid, i)]
