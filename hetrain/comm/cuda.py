@@ -103,7 +103,14 @@ class Cuda:
             if wait:
                 ev.synchronize()
                 return True
-            return ev.query()
+            if not ev.query():
+                return False
+            # The host has seen the work finish, so what follows is ordered after it. A
+            # successful query() says so to CUDA but not to PyTorch's CUDA sanitizer, which
+            # only hears of synchronize(): on a finished event that returns at once and lets
+            # `--cuda-sanitizer` runs see the ordering the host relies on.
+            ev.synchronize()
+            return True
         except RuntimeError as err:
             raise self.lost(what, err) from None
 

@@ -40,8 +40,9 @@ def test_gpu_and_cpu_stages_equal_one_process(tmp_path, stages, on_gpu):
 
 
 def test_gpu_too_small_for_its_stage_is_refused_before_training(tmp_path):
-    # a batch of 2^33 samples: the dense stage's stored activations alone need terabytes
-    plan = make_plan([((0, 10), "cpu", "cpu", 1), ((10, 14), "gpu-k80", "gpu", 1)], batch=2**33)
+    # 10^9 samples, the largest batch a plan may name: the dense stage's stored activations
+    # alone need about 555 GiB, more than any one GPU has
+    plan = make_plan([((0, 10), "cpu", "cpu", 1), ((10, 14), "gpu-k80", "gpu", 1)], batch=10**9)
     rc, out, _ = train(tmp_path, plan, "--steps", "2", "--micro-batches", "8", "--devices", "real",
                        "--timeout", "10", limit=200)
     assert rc != 0, out
