@@ -163,7 +163,7 @@ class Runner:
 
     def step(self) -> None:
         a, kind, nw = self.a, self.kind, hetrain.size()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(self.batches)
         ta = time.perf_counter()
         self.opt.zero_grad()
@@ -193,7 +193,7 @@ class Runner:
         t4 = time.perf_counter()
         self.clock += t4 - t0
         self.times.append(self.clock)
-        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x)))
+        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x), ta - t0, time.process_time() - c0))
         self.steps += 1
         if a.eval_every and self.steps % a.eval_every == 0:  # evaluation time is not training time
             self.accs.append((self.steps, self.clock, acc_of(self.model, self.data[2], self.data[3])))
@@ -206,7 +206,8 @@ class Runner:
             self.loader.finish()
             out["sizes"] = [[int(v) for v in h] for h in self.loader.balancer.history[:a.steps]]
             out["loader_exchange_s"] = self.loader.batches.exchange_s
-        # every rank's phases (before, forward, backward, step, samples) per step
+        # every rank's phases (before, forward, backward, exchange, update, samples, batch fetch, process CPU
+        # seconds: every thread, gloo's included) per step
         mine = torch.tensor(self.phases, dtype=torch.float64)
         allp = [torch.zeros_like(mine) for _ in range(nw)]
         dist.all_gather(allp, mine, group=self.ctx.worker_group)
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
         runs = []
         for rep in range(a.repeats):
             for kind in a.kinds.split(","):
-                if kind == "even" and rep == a.repeats - 1:
+                if kind == os.environ.get("BENCH_CPROFILE_KIND", "even") and rep == a.repeats - 1:
                     prof.enable()
                 runs += one_run(a, kind, rep, ctx, data)
                 prof.disable()

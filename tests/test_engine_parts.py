@@ -259,6 +259,23 @@ def test_meta_tensor_raises_before_any_send(no_gloo):
     assert no_gloo == [] and not eng.in_flight
 
 
+def test_the_same_tensor_list_moved_or_reshaped_in_place_is_checked_again(no_gloo):
+    """An optimizer hands the engine the same list every step and the engine keeps its
+    check of it; a parameter reshaped or re-typed in place (as `model.to()` moves and
+    casts `.data`) in the same list is seen and checked again, never sent on the stale check."""
+    eng = PushPull(_fake_ctx(CLUSTER))
+    w, b = torch.zeros(4), torch.zeros(3)
+    named = [("b", b), ("w", w)]
+    first = eng._described(named)
+    assert eng._described(named) is first  # kept for the same list
+    w.data = torch.zeros(5)  # reshaped where it lies
+    assert eng._described(named)[1].entries[1].shape == (5,)
+    w.data = torch.zeros(5, dtype=torch.int64)  # re-typed where it lies
+    with pytest.raises(UserError, match="'w' must be a floating-point"):
+        eng.begin(named, weight=2)
+    assert no_gloo == [] and not eng.in_flight
+
+
 def test_guard_keeps_device_memory_away_from_gloo(no_gloo):
     for fn in (p2p.isend, p2p.irecv, p2p.send, p2p.recv):
         with pytest.raises(UserError, match="cannot be handed to gloo"):
@@ -388,10 +405,12 @@ def test_host_in_place_staging_all_reduces_buckets_where_they_lie_and_through_bu
             torch.testing.assert_close(t, 0.5 * o)
 
 
-def test_gradient_homes_live_in_the_bucket_and_are_neither_packed_nor_unpacked():
+@pytest.mark.parametrize("short", [False, True])
+def test_gradient_homes_live_in_the_bucket_and_are_neither_packed_nor_unpacked(short):
     """Gradients pointed at their piece of a bucket buffer (`homes_for`, what the optimizer
     does at zero_grad) are summed where they lie; one replaced by another tensor (set to
-    None and re-made by backward) takes the copying path; results are the same."""
+    None and re-made by backward) takes the copying path; results are the same. `short`:
+    homes are counted in by `arrived` (a hook's short path), which refuses the replaced one."""
     shapes = [(6, 5), (5,), (40,), (3, 4)]
     params = [torch.zeros(s) for s in shapes]
     manifest = Manifest.of([(f"p{i}", p) for i, p in enumerate(params)])
@@ -412,10 +431,58 @@ def test_gradient_homes_live_in_the_bucket_and_are_neither_packed_nor_unpacked()
         s.begin(0.5)
         done = []
         for i in reversed(range(len(shapes))):
-            done += s.fill(i, grads[i], 0, grads[i].numel())
+            took = s.arrived(i, grads[i]) if short else None
+            assert took is None or grads[i] is homes[i]
+            assert short and i in homes and grads[i] is homes[i] or took is None
+            done += took if took is not None else s.fill(i, grads[i], 0, grads[i].numel())
+        assert sorted(done) == list(range(len(lay.parts))) and sorted(s.work_ready(False)) == sorted(done)
         for pid in done:
             s.work_view(pid).mul_(2.0)
             s.deliver(pid)
         s.complete([grads[i] for i in range(len(shapes))])
         for i, v in enumerate(values):
             torch.testing.assert_close(grads[i], v)
+
+
+class _HomesEngine:
+    """An engine stand-in that keeps every gradient of `params` in one flat buffer (what
+    `PushPull.grad_homes` gives on a host all-reduce job)."""
+
+    def __init__(self, params):
+        self.buffer = torch.zeros(sum(p.numel() for p in params))
+        self.views = {i: v.view(p.shape) for i, (v, p) in
+                      enumerate(zip(torch.split(self.buffer, [p.numel() for p in params]), params))}
+        self.in_flight = False
+
+    def grad_homes(self, named):
+        return self.views
+
+    def zero_grad_homes(self):
+        self.buffer.zero_()
+
+
+@pytest.mark.parametrize("own_zero_grad", [False, True])
+def test_zero_grad_with_every_gradient_in_its_bucket(own_zero_grad):
+    """zero_grad points the gradients at their homes and zeroes them; once they are all
+    there, it zeroes the buckets only (the stock zero_grad would set each to None just to
+    be pointed back), but an optimizer with a zero_grad of its own always gets it called."""
+    import hetrain
+
+    calls = []
+
+    class Counting(torch.optim.SGD):
+        def zero_grad(self, set_to_none=True):
+            calls.append(set_to_none)
+            super().zero_grad(set_to_none)
+
+    model = torch.nn.Linear(3, 2)
+    inner = (Counting if own_zero_grad else torch.optim.SGD)(model.parameters(), lr=0.1)
+    opt = hetrain.DistributedOptimizer(inner, named_parameters=model.named_parameters(), overlap=False)
+    opt.sync, opt.engine = "sync", _HomesEngine([p for _, p in opt._named])
+    for step in range(3):
+        opt.zero_grad()
+        for i, (_, p) in enumerate(opt._named):
+            assert p.grad is opt.engine.views[i] and not p.grad.any()
+        model(torch.randn(4, 3)).sum().backward()  # accumulates into the bucket
+        assert opt.engine.buffer.any()
+    assert len(calls) == (3 if own_zero_grad else 0)

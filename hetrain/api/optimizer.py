@@ -151,6 +151,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._skip = False
         self._announced = False  # this step's exchange announced to joined workers: see _announce
         self._join_index = _join.register_optimizer(self)
+        self._covers: tuple[int, bool] | None = None  # see _covers_all_params
         self._hooks = []
         if self.overlap:
             index = {id(p): i for i, (_, p) in enumerate(self._named)}
@@ -199,6 +200,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         last of `backward_passes_per_step` backward passes)."""
         if not self._armed:
             return
+        if self.backward_passes_per_step == 1 and self._predivide == 1.0 and self.engine.arrived(i, param.grad):
+            self._passes[i] = 1
+            return  # backward accumulated into the gradient's bucket: counted in, launched when complete
         self._passes[i] += 1
         if self._passes[i] > self.backward_passes_per_step:
             raise UserError(f"parameter {self._named[i][0]!r} got {self._passes[i]} gradients in one step but "
@@ -385,13 +389,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         fit one all-reduce bucket are pointed at their piece of it, zeroed (PyTorch DDP's
         `gradient_as_bucket_view`): backward accumulates into the bucket, and neither a copy
         in nor a copy out is made. Such a `.grad` is a zero tensor, not None, after this."""
-        self._inner.zero_grad(set_to_none=set_to_none)
-        if self.sync == "sync" and self.op != ReduceOp.ADASUM and not self.engine.in_flight:
-            homes = self.engine.grad_homes(self._named)
-            if homes:
-                self.engine.zero_grad_homes()
-                named = self._named
-                for i, view in homes.items():
+        homes = ({} if self.sync != "sync" or self.op == ReduceOp.ADASUM or self.engine.in_flight
+                 else self.engine.grad_homes(self._named))
+        if not self._all_at_home(homes):
+            self._inner.zero_grad(set_to_none=set_to_none)
+        if homes:
+            self.engine.zero_grad_homes()
+            named = self._named
+            for i, view in homes.items():
+                if named[i][1].grad is not view:
                     named[i][1].grad = view
         self._armed = self.overlap
         self._synced = False
@@ -401,6 +407,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # start the step header now, so it runs during forward
             self.set_batch_size(self._batch_size, self._total)
         self._size_set = False
+
+    def _all_at_home(self, homes: dict[int, torch.Tensor]) -> bool:
+        """Every gradient the wrapped optimizer would reset lives in its bucket already, so
+        zeroing the buckets is the whole of zero_grad (the wrapped optimizer's own would set
+        each to None, only for this optimizer to point it back). Only for the stock
+        `Optimizer.zero_grad`: a subclass's own zero_grad always runs."""
+        if not homes or type(self._inner).zero_grad is not torch.optim.Optimizer.zero_grad:
+            return False
+        if len(homes) != len(self._named) or not self._covers_all_params():
+            return False
+        named = self._named
+        return all(named[i][1].grad is view for i, view in homes.items())
+
+    def _covers_all_params(self) -> bool:
+        """The wrapped optimizer's parameters are exactly the exchanged ones (checked once
+        per count of its parameters)."""
+        groups = self._inner.param_groups
+        count = sum(len(g["params"]) for g in groups)
+        if self._covers is None or self._covers[0] != count:
+            mine = {id(p) for g in groups for p in g["params"]}
+            self._covers = (count, mine == {id(p) for _, p in self._named})
+        return self._covers[1]
 
     def state_dict(self):
         return self._inner.state_dict()

@@ -130,6 +130,7 @@ class PushPull:
         self._stagings: dict[torch.device, Staging] = {}
         self._cuda = None
         self._step: _Step | None = None
+        self._memo: tuple | None = None  # (named list, its key, (device, manifest, digest)): see _described
 
     # ---- public -------------------------------------------------------------------------
     def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -173,11 +174,10 @@ class PushPull:
         if weight < 0 or int(weight) != weight:
             raise UserError(f"push_pull weight must be a non-negative integer batch size, got {weight!r}")
         ctx = self.ctx
-        device = check_tensors(named, ctx.device if ctx.distributed else None)
         if ctx.distributed and ctx.comm.sync != "sync" and self.group is None:
             raise UserError(f"push_pull is synchronous but this job runs sync={ctx.comm.sync!r}; use "
                             "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
-        manifest = Manifest.of(named)
+        device, manifest, digest = self._described(named)
         t0 = time.perf_counter()
         if self.local:  # one process: the weighted average of one worker is itself
             if average and weight == 0:
@@ -187,7 +187,6 @@ class PushPull:
         weight = int(weight)
         control, agreed_total = None, -1
         if isinstance(self.transport, AllReduceTransport):  # workers scale their own share
-            digest = manifest.digest()
             if total is not None and average and digest == self.protocol.digest:
                 if total < 1 or weight > total:
                     raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
@@ -211,6 +210,22 @@ class PushPull:
                            control=control, manifest=manifest, weight=weight, average=average, total=agreed_total)
         return True
 
+    def _described(self, named: list[tuple[str, torch.Tensor]]) -> tuple[torch.device, Manifest, int]:
+        """The tensors' device (checked), manifest and digest. An optimizer hands over the
+        same list of parameters every step, so the last answer is kept for that list while
+        its tensors keep their shapes, dtypes and devices (`model.to()` moves a parameter
+        in place, which the key sees): a step then costs one pass over the tensors, not
+        three and a hash."""
+        key = tuple((n, t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for n, t in named)
+        memo = self._memo
+        if memo is not None and memo[0] is named and memo[1] == key:
+            return memo[2]
+        device = check_tensors(named, self.ctx.device if self.ctx.distributed else None)
+        manifest = Manifest.of(named)
+        out = (device, manifest, manifest.digest())
+        self._memo = (named, key, out)
+        return out
+
     def ready(self, index: int, tensor: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         """Elements [lo, hi) (default: all) of tensor `index` of the current push_pull are
         final: stage them and post every partition they complete (overlap: called from a
@@ -230,6 +245,26 @@ class PushPull:
         pids = st.staging.fill(index, tensor, lo, hi)
         self.transport.filled(pids)
         self.transport.progress()
+
+    def arrived(self, index: int, tensor: torch.Tensor) -> bool:
+        """Tensor `index` of the push_pull in flight is final and `tensor` is its gradient
+        home (`grad_homes`): count it in without staging it. The path of a gradient hook
+        that found backward accumulating into the bucket; a bucket it completes is
+        launched at once. False when it cannot be taken this way (no push_pull in flight,
+        handed over already, or not this layout's home): use `ready`, which says what is
+        wrong or stages the tensor."""
+        st = self._step
+        if st is None or st.done[index]:
+            return False
+        pids = st.staging.arrived(index, tensor)
+        if pids is None:
+            return False
+        st.done[index] = True
+        st.covered[index] = tensor.numel()
+        if pids:  # host buckets become ready only here: nothing to poll otherwise
+            self.transport.filled(pids)
+            self.transport.progress()
+        return True
 
     def finish(self, tensors: list[torch.Tensor]) -> None:
         """Send what is left, wait for every sum and write the results into `tensors`."""

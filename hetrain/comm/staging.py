@@ -88,6 +88,11 @@ class Staging:
         """The scale of this step (work stagings that learn it late wait for it here)."""
         return self.scale
 
+    def arrived(self, i: int, t: torch.Tensor) -> list[int] | None:
+        """A gradient home of tensor i is final (see `HostInPlace.arrived`); None: this
+        staging keeps no homes, hand it over with `fill`."""
+        return None
+
     def in_event(self, pid: int):
         """What a device collective on the work buffer must wait for after stage_in (None: nothing)."""
         return None
@@ -367,6 +372,22 @@ class HostInPlace(Staging):
                 done.append(pid)
         self._ready.extend(done)
         return done
+
+    def arrived(self, i: int, t: torch.Tensor) -> list[int] | None:
+        """Tensor i is final and `t` is its home (the view `homes_for` gave): count it in,
+        as `fill` would, without looking at its memory (the short path of a gradient hook
+        that found backward accumulating into the bucket). Returns the buckets it
+        completed, or None when `t` is not this layout's home of tensor i (then `fill`)."""
+        if self._shaped.get(i) is not t:
+            return None
+        (pid, n), = self.layout.tensor_touches[i]
+        self.targets[i] = self.homes[i]
+        self.filled[pid] += n
+        if self.filled[pid] != self.layout.parts[pid].length:
+            return []
+        self._pack(pid)
+        self._ready.append(pid)
+        return [pid]
 
     def _pack(self, pid: int) -> None:
         held = self.held.pop(pid, None)

@@ -26,6 +26,8 @@ All times are seconds, sizes are samples; arrays are one entry per worker, in ra
 from __future__ import annotations
 
 import heapq
+import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -41,18 +43,18 @@ class BatchDoesNotFitError(UserError):
 
 # ---- the step-time model ----------------------------------------------------------------
 
-def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def theil_sen(x, y) -> tuple[float, float]:
     """Theil–Sen line (slope: median of pairwise slopes over pairs with distinct x;
-    intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it. Written
-    out because it runs every step of training and scipy's also computes confidence
-    intervals (a t-distribution quantile), which cost milliseconds per call."""
-    i, j = np.triu_indices(len(x), 1)
-    dx = x[j] - x[i]
-    ok = dx != 0
-    if not ok.any():
+    intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it.
+    Written out, in plain Python floats, because it runs at every re-balance inside
+    training on a window of a few dozen points: scipy's also computes confidence intervals
+    (a t-distribution quantile), and numpy's per-call cost dominates at this size."""
+    x, y = list(x), list(y)
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
+    if not slopes:
         return float("nan"), float("nan")
-    slope = float(np.median((y[j] - y[i])[ok] / dx[ok]))
-    return slope, float(np.median(y) - slope * np.median(x))
+    slope = statistics.median(slopes)
+    return slope, statistics.median(y) - slope * statistics.median(x)
 
 
 class StepTimeModel:
@@ -85,31 +87,32 @@ class StepTimeModel:
         if samples > 0 and np.isfinite(seconds) and seconds > 0:
             self.obs.append((int(samples), float(seconds)))
 
-    def _identifiable(self, b: np.ndarray) -> bool:
-        return len(b) >= 3 and (b.max() - b.min()) >= max(2.0, self.min_spread * float(np.median(b)))
+    def _identifiable(self, b: list[int]) -> bool:
+        return len(b) >= 3 and (max(b) - min(b)) >= max(2.0, self.min_spread * statistics.median(b))
 
     def fit(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per sample); (nan, nan) before any observation."""
+        """(fixed seconds, seconds per sample); (nan, nan) before any observation. Plain
+        Python floats (a window of a few dozen numbers, every re-balance, inside training)."""
         if not self.obs:
             self.how = "none"
             return float("nan"), float("nan")
-        b = np.array([o[0] for o in self.obs], dtype=float)
-        t = np.array([o[1] for o in self.obs], dtype=float)
+        b = [o[0] for o in self.obs]
+        t = [o[1] for o in self.obs]
         if self._identifiable(b):
             slope, intercept = theil_sen(b, t)
-            med_t, med_b = float(np.median(t)), float(np.median(b))
-            if np.isfinite(slope) and slope > 0 and np.isfinite(intercept):
+            med_t, med_b = statistics.median(t), statistics.median(b)
+            if math.isfinite(slope) and slope > 0 and math.isfinite(intercept):
                 self.line = (max(0.0, float(intercept)), float(slope))
-            elif np.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
+            elif math.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
                 self.line = (0.9 * med_t, 0.1 * med_t / med_b)
             self.how = "regression"
         else:
             self.how = "held" if self.line is not None else "proportional"
         rb, rt = b[-self.recent:], t[-self.recent:]
-        fixed, per = self.line if self.line is not None else (0.0, float(np.median(rt / rb)))
-        pred = fixed + per * rb
-        scale = float(np.median(rt / np.where(pred > 0, pred, np.inf))) if np.all(pred > 0) else 1.0
-        if not (np.isfinite(scale) and scale > 0):
+        fixed, per = self.line if self.line is not None else (0.0, statistics.median(y / x for x, y in zip(rb, rt)))
+        pred = [fixed + per * x for x in rb]
+        scale = statistics.median(y / q for y, q in zip(rt, pred)) if all(q > 0 for q in pred) else 1.0
+        if not (math.isfinite(scale) and scale > 0):
             scale = 1.0
         return fixed * scale, max(per * scale, 1e-12)
 
@@ -152,56 +155,76 @@ def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 
     handing out samples one at a time, each to the worker that would finish soonest
     with it (the classic greedy for min-max separable resource allocation, which picks
     the `global_batch` smallest "finish time of one more sample" values). To keep it
-    O(n log n) rather than O(global batch), the continuous water level is found first
-    (bisection on the level T where Σ clip((T − fixed_i)/per_sample_i) = global batch);
-    flooring at that level is exactly the state the greedy reaches after its first
-    picks, and the last < n + 1 samples are handed out greedily (ties: lower rank).
-    Hand-written because it runs every step in microseconds; a MILP (HiGHS) gives the
-    same optimum (checked by the tests) at far higher cost. Deterministic in its inputs.
+    O(n log n) rather than O(global batch), the continuous water level is found first:
+    Σ clip((T − fixed_i)/per_sample_i, lo_i, cap_i) is piecewise linear in T with its
+    kinks where a worker leaves its minimum or reaches its cap, so T is interpolated
+    exactly between the two kinks around the batch (`_water_level`). Flooring at that
+    level is the state the greedy reaches after its first picks; the last ≤ n picks are
+    handed out greedily (ties: lower rank). A MILP (HiGHS) gives the same optimum (checked
+    by the tests) at far higher cost.
+
+    Hand-written, and in plain Python floats rather than numpy: it runs at every
+    re-balance, inside training, for a handful of workers, where numpy's per-call cost
+    (tens of calls, each slow with the caches cold from the step's compute) made it
+    hundreds of microseconds per step. Deterministic in its inputs.
 
     Result: every worker below its cap is predicted to finish within one of its own
     per-sample times of the slowest worker that was given samples by the solver.
     """
-    fixed = np.asarray(fixed, dtype=float)
-    per = np.asarray(per_sample, dtype=float)
-    n = len(fixed)
-    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    _check_fits(global_batch, caps, labels, memory_per_sample)
-    lo = np.minimum(caps, min_samples if global_batch >= min_samples * n else 0).astype(np.int64)
-    fixed = np.where(np.isfinite(fixed) & (fixed > 0), fixed, 0.0)
-    good = np.isfinite(per) & (per > 0)
-    per = np.where(good, per, float(np.mean(per[good])) if good.any() else 1.0)
-    per = np.maximum(per, 1e-15)
-    need = int(global_batch) - int(lo.sum())
-    if need <= 0:
-        return _trim(lo, global_batch, fixed, per)
-
-    def count(level: float) -> np.ndarray:
-        return np.clip(np.floor((level - fixed) / per), lo, caps)
-
-    low = float(np.min(fixed + per * lo))
-    high = float(np.max(fixed + per * caps)) * (1 + 1e-9) + 1e-12  # every worker at its cap: Σ caps ≥ batch
-    slack = 4 * n + 16  # the heap below hands out the last few samples; bisection gets close
-    for _ in range(200):  # float bisection; the greedy below makes the result exact anyway
-        mid = 0.5 * (low + high)
-        got = count(mid).sum()
-        if got < global_batch:
-            low = mid
-            if global_batch - got <= slack:
-                break
-        else:
-            high = mid
-        if high - low <= 1e-12 * max(1.0, abs(high)):
-            break
-    sizes = count(low).astype(np.int64)  # Σ < global batch: all picks of value ≤ low
-    heap = [(fixed[i] + per[i] * (sizes[i] + 1), i) for i in range(n) if sizes[i] < caps[i]]
+    g = int(global_batch)
+    caps_l = [min(int(c), g) for c in np.asarray(caps, dtype=np.int64).ravel().tolist()]
+    if sum(caps_l) < g:
+        _check_fits(g, np.asarray(caps_l, dtype=np.int64), labels, memory_per_sample)
+    n = len(caps_l)
+    m = min_samples if g >= min_samples * n else 0
+    lo = [min(c, m) for c in caps_l]
+    f = [x if (math.isfinite(x) and x > 0) else 0.0 for x in np.asarray(fixed, dtype=float).ravel().tolist()]
+    p = np.asarray(per_sample, dtype=float).ravel().tolist()
+    good = [x for x in p if math.isfinite(x) and x > 0]
+    fill = sum(good) / len(good) if good else 1.0
+    p = [max(x if (math.isfinite(x) and x > 0) else fill, 1e-15) for x in p]
+    if g - sum(lo) <= 0:
+        return _trim(np.asarray(lo, dtype=np.int64), g, np.asarray(f), np.asarray(p))
+    level = _water_level(g, f, p, lo, caps_l)
+    sizes = [min(max(math.floor((level - f[i]) / p[i]), lo[i]), caps_l[i]) for i in range(n)]
+    # float rounding at the level may have taken a pick too many: give back the latest
+    for _ in range(sum(sizes) - g):
+        i = max((k for k in range(n) if sizes[k] > lo[k]), key=lambda k: (f[k] + p[k] * sizes[k], k))
+        sizes[i] -= 1
+    heap = [(f[i] + p[i] * (sizes[i] + 1), i) for i in range(n) if sizes[i] < caps_l[i]]
     heapq.heapify(heap)
-    for _ in range(int(global_batch - sizes.sum())):
+    for _ in range(g - sum(sizes)):
         _t, i = heapq.heappop(heap)
         sizes[i] += 1
-        if sizes[i] < caps[i]:
-            heapq.heappush(heap, (fixed[i] + per[i] * (sizes[i] + 1), i))
-    return sizes
+        if sizes[i] < caps_l[i]:
+            heapq.heappush(heap, (f[i] + p[i] * (sizes[i] + 1), i))
+    return np.asarray(sizes, dtype=np.int64)
+
+
+def _water_level(batch: int, fixed: list[float], per: list[float], lo: list[int], caps: list[int]) -> float:
+    """The T at which S(T) = Σ clip((T − fixed_i)/per_i, lo_i, caps_i) = batch (Σ lo < batch ≤ Σ caps).
+
+    S is non-decreasing and linear between the kinks fixed_i + per_i·lo_i and
+    fixed_i + per_i·caps_i: a binary search over the sorted kinks (S evaluated exactly
+    at each probe) finds the two around the batch, and T is interpolated between them."""
+    def count(t: float) -> float:
+        return sum(min(max((t - fi) / pi, li), ci) for fi, pi, li, ci in zip(fixed, per, lo, caps))
+
+    kinks = sorted({fi + pi * li for fi, pi, li in zip(fixed, per, lo)}
+                   | {fi + pi * ci for fi, pi, ci in zip(fixed, per, caps)})
+    a, b = 0, len(kinks) - 1  # count(kinks[a]) < batch (a = 0: everyone at lo); find the first >= batch
+    if count(kinks[b]) < batch:  # rounding left the top kink a hair short: every worker at its cap
+        return kinks[b]
+    while b - a > 1:
+        mid = (a + b) // 2
+        if count(kinks[mid]) < batch:
+            a = mid
+        else:
+            b = mid
+    c0, c1 = count(kinks[a]), count(kinks[b])
+    if c1 <= c0:
+        return kinks[b]
+    return kinks[a] + (batch - c0) / (c1 - c0) * (kinks[b] - kinks[a])
 
 
 def _trim(lo: np.ndarray, global_batch: int, fixed, per) -> np.ndarray:
@@ -256,33 +279,56 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
     `margin` (fits are noisy: a worker is not sent away for a predicted 1%) and the rest
     still hold the batch; a dropped worker rejoins as soon as the fits say it helps (the
     caller solves again with new fits)."""
-    fixed = np.where(np.isfinite(np.asarray(fixed, dtype=float)), np.asarray(fixed, dtype=float), 0.0)
-    per = np.asarray(per_sample, dtype=float)
-    caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    keep = caps > 0
-    if min_samples < 1 or int(caps.sum()) < global_batch:  # nothing forced on anyone / the solver says why not
-        return keep
+    return _useful(global_batch, fixed, per_sample, caps, min_samples, margin)[0]
 
-    def step(mask: np.ndarray) -> float:
-        sizes = solve_shares(global_batch, np.where(mask, fixed, 0), np.where(mask, per, 1.0),
-                             np.where(mask, caps, 0), min_samples)
-        t = predicted_times(sizes, fixed, per)
-        return float(np.max(t[sizes > 0])) if (sizes > 0).any() else float("inf")
 
-    best = step(keep)
-    for i in np.argsort(-(fixed + per * min_samples), kind="stable"):
-        if keep.sum() <= 1 or not keep[i]:
+def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1,
+            margin: float = 0.1) -> tuple[np.ndarray, np.ndarray | None]:
+    """`useful_workers`, and the shares of the workers kept when it solved them (else None).
+
+    Most steps drop nobody, and that is known from one solve: when the slowest worker
+    is not held at its minimum, the step ends at the water level of the free workers,
+    which leaving any worker out cannot lower by more than the largest per-sample time
+    (the others take its samples: the continuous level only rises, and the integer
+    step sits within one sample of it). The drop search runs only otherwise. Plain
+    Python floats, as in `solve_shares` (it runs at every re-balance)."""
+    g = int(global_batch)
+    f = [x if math.isfinite(x) else 0.0 for x in np.asarray(fixed, dtype=float).ravel().tolist()]
+    p = np.asarray(per_sample, dtype=float).ravel().tolist()
+    c = [min(int(v), g) for v in np.asarray(caps, dtype=np.int64).ravel().tolist()]
+    n = len(c)
+    keep = [v > 0 for v in c]
+    if min_samples < 1 or sum(c) < g:  # nothing forced on anyone / the solver says why not
+        return np.asarray(keep), None
+
+    def step(mask: list[bool]) -> tuple[float, np.ndarray]:
+        sizes = solve_shares(g, [f[i] if mask[i] else 0.0 for i in range(n)],
+                             [p[i] if mask[i] else 1.0 for i in range(n)], [c[i] if mask[i] else 0 for i in range(n)],
+                             min_samples)
+        t = [f[i] + p[i] * int(sizes[i]) for i in range(n) if sizes[i] > 0]
+        return (float("nan") if any(math.isnan(x) for x in t) else max(t, default=float("inf"))), sizes
+
+    best, first = step(keep)
+    lo_min = min_samples if g >= min_samples * n else 0
+    slowest = max((i for i in range(n) if first[i] > 0), key=lambda i: f[i] + p[i] * int(first[i]))
+    held = first[slowest] <= min(c[slowest], lo_min)
+    if not held and max(p[i] for i in range(n) if keep[i]) <= margin * best:
+        return np.asarray(keep), first
+    start = list(keep)
+    order = sorted(range(n), key=lambda i: -(f[i] + p[i] * min_samples))  # stable: ties by rank
+    for i in order:
+        if sum(keep) <= 1 or not keep[i]:
             continue
-        trial = keep.copy()
+        trial = list(keep)
         trial[i] = False
-        if int(np.minimum(caps[trial], global_batch).sum()) < global_batch:
+        if sum(min(c[k], g) for k in range(n) if trial[k]) < g:
             continue
-        t = step(trial)
-        if t < best * (1 - margin):
-            keep, best = trial, t
+        t_trial, _ = step(trial)
+        if t_trial < best * (1 - margin):
+            keep, best = trial, t_trial
         else:
             break
-    return keep
+    return np.asarray(keep), (first if keep == start else None)
 
 
 Strategy = Literal["unequal", "accumulate"]  # see StepPlan
@@ -322,8 +368,10 @@ def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 
     fixed = np.asarray(fixed, dtype=float)
     per = np.asarray(per_sample, dtype=float)
     caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    keep = useful_workers(global_batch, fixed, per, caps, min_samples) if drop else caps > 0
-    sizes = solve_shares(global_batch, fixed, per, np.where(keep, caps, 0), min_samples, labels, memory_per_sample)
+    keep, sizes = _useful(global_batch, fixed, per, caps, min_samples) if drop else (caps > 0, None)
+    if sizes is None:
+        sizes = solve_shares(global_batch, fixed, per, np.where(keep, caps, 0), min_samples, labels,
+                             memory_per_sample)
     t = predicted_times(sizes, fixed, per)
     return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), float(np.max(t[sizes > 0], initial=0.0)))
 

@@ -396,6 +396,8 @@ class BalancedLoader:
             out = self.collate_fn(self.dataset.__getitems__(idx.tolist()))
         else:
             out = self.collate_fn([self.dataset[int(i)] for i in idx])
+        if isinstance(out, tuple) and all(isinstance(t, torch.Tensor) and t.device == device for t in out):
+            return out  # indexed where it is used (a TensorDataset on the device): nothing to move
         non_blocking = device.type == "cuda"
         return tree_map(lambda t: t.to(device, non_blocking=non_blocking) if isinstance(t, torch.Tensor) else t, out)
 

@@ -102,3 +102,53 @@ def test_resume_mid_epoch_with_either_strategy(strategy):
                 assert all(n == 3 for n in p), p
             else:
                 assert len(p) == 1
+
+
+def _useful_by_search(g, fixed, per, caps, min_samples=1, margin=0.1):
+    """useful_workers' definition, searched in full: drop the slowest minimum while that
+    shortens the predicted step by more than `margin`."""
+    from hetrain.perf.steptime import predicted_times, solve_shares
+
+    fixed, per = np.asarray(fixed, dtype=float), np.asarray(per, dtype=float)
+    caps = np.minimum(np.asarray(caps), g)
+    keep = caps > 0
+
+    def step(mask):
+        sizes = solve_shares(g, np.where(mask, fixed, 0), np.where(mask, per, 1.0), np.where(mask, caps, 0),
+                             min_samples)
+        return float(np.max(predicted_times(sizes, fixed, per)[sizes > 0]))
+
+    best = step(keep)
+    for i in np.argsort(-(fixed + per * min_samples), kind="stable"):
+        if keep.sum() <= 1 or not keep[i]:
+            continue
+        trial = keep.copy()
+        trial[i] = False
+        if caps[trial].sum() < g:
+            continue
+        t = step(trial)
+        if t >= best * (1 - margin):
+            break
+        keep, best = trial, t
+    return keep
+
+
+def test_who_helps_matches_the_full_search():
+    """useful_workers decides most cases from one solve (nobody held at its minimum is the
+    bottleneck); on random clusters, stragglers and huge fixed parts included, it keeps
+    exactly the workers the full drop search keeps, and plan_unequal gives their shares."""
+    from hetrain.perf.steptime import solve_shares
+
+    rng = np.random.default_rng(7)
+    for _ in range(3000):
+        n, g = int(rng.integers(1, 6)), int(rng.integers(1, 500))
+        fixed = rng.uniform(0, 0.05, n) * (rng.uniform(0, 1, n) < 0.7)
+        per = 10 ** rng.uniform(-6, -1, n)
+        caps = (rng.uniform(0, 2, n) * g).astype(np.int64)
+        m = int(rng.integers(0, 4))
+        if caps.sum() < g:
+            continue
+        want = _useful_by_search(g, fixed, per, caps, m)
+        assert useful_workers(g, fixed, per, caps, m).tolist() == want.tolist()
+        assert plan_unequal(g, fixed, per, caps, m).sizes.tolist() == solve_shares(
+            g, fixed, per, np.where(want, caps, 0), m).tolist()
