@@ -303,9 +303,8 @@ def test_all_reduce_buckets_launch_in_one_fixed_order(monkeypatch):
     """Buckets are all-reduced as soon as they and every bucket before them (in backward
     order under --overlap) are filled, so all workers issue the same collectives in the
     same order; results go back to the user's tensors."""
-    import hetrain.comm.transport as transport
+    from hetrain.comm.buckets import BucketCaps
 
-    monkeypatch.setattr(transport, "BUCKET_BYTES", 1024)
     launched = []
 
     def fake_all_reduce(t, group=None, async_op=False):
@@ -318,6 +317,7 @@ def test_all_reduce_buckets_launch_in_one_fixed_order(monkeypatch):
     ctx.comm = CommConfig(mode="allreduce", overlap=True)
     ctx.bucket, ctx.worker_group = None, "workers"
     tr = AllReduceTransport(ctx)
+    tr.caps = BucketCaps(2**20, 1024)  # small buckets: several per tensor
     ts = [torch.randn(300), torch.randn(40, 10), torch.randn(500)]
     orig = [t.clone() for t in ts]
     manifest = Manifest.of([(f"t{i}", t) for i, t in enumerate(ts)])
@@ -453,6 +453,7 @@ class _HomesEngine:
         self.views = {i: v.view(p.shape) for i, (v, p) in
                       enumerate(zip(torch.split(self.buffer, [p.numel() for p in params]), params))}
         self.in_flight = False
+        self.single_bucket = False
 
     def grad_homes(self, named):
         return self.views

@@ -49,3 +49,24 @@ def test_layout_changes_weights_and_sums(launch, mode):
                         cluster=small_cluster(workers=3, cpus=1))
     assert rc == 0, log
     assert log.count("relayout ok on rank") == 3, log
+
+
+@pytest.mark.slow
+def test_all_reduce_buckets_are_tuned_while_training_and_results_stay_exact(launch, tmp_path):
+    """The job's all-reduce tries DDP's two buckets, then one bucket, for a few steps
+    each, and both workers keep the same plan; the gradients change buckets twice or
+    more (their homes move) and the model still equals one process on the global batches."""
+    from bucket_tuning import reference
+
+    cluster = {"name": "t", "machines": [{"name": f"w{i}", "role": "worker", "device": {}} for i in range(2)]}
+    out = tmp_path / "res"
+    rc, log, _ = launch("bucket_tuning.py", str(out), cluster=cluster, mode="allreduce", timeout=60)
+    assert rc == 0, log
+    runs = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
+    assert runs[0]["buckets"] == runs[1]["buckets"] and runs[0]["times"] == runs[1]["times"]
+    assert runs[0]["done"] and runs[0]["tried"] == 2
+    assert runs[0]["buckets"][:6] == [2] * 6 and 1 in runs[0]["buckets"]  # DDP's plan first, then one bucket
+    want = reference()
+    for r in runs:
+        for name, value in want.items():
+            torch.testing.assert_close(r["state"][name], value, rtol=1e-4, atol=1e-5, msg=name)

@@ -399,7 +399,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for i, view in homes.items():
                 if named[i][1].grad is not view:
                     named[i][1].grad = view
-        self._armed = self.overlap
+        # overlap hands gradients over from backward's hooks, unless the agreed layout is
+        # one all-reduce bucket: it could start no earlier than the last gradient, so the
+        # exchange then runs at step() and the hooks return at once
+        self._armed = self.overlap and not self.engine.single_bucket
         self._synced = False
         self._passes = [0] * len(self._named)
         if self._armed and self._size_set and not self.engine.in_flight:

@@ -21,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from ..errors import UserError
 from ..runtime.context import Context, init
+from .buckets import BucketTuner
 from .flatlayout import FlatLayout
 from .group import Group
 from .layout import Manifest
@@ -131,6 +133,7 @@ class PushPull:
         self._cuda = None
         self._step: _Step | None = None
         self._memo: tuple | None = None  # (named list, its key, (device, manifest, digest)): see _described
+        self._tuner: BucketTuner | None = None  # the job's all-reduce buckets, while being tuned
 
     # ---- public -------------------------------------------------------------------------
     def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -147,7 +150,8 @@ class PushPull:
         if self.ctx.comm.overlap:  # same order as backward, which the servers expect
             order = reversed(order)
         for i in order:
-            self.ready(i, named[i][1])
+            if not self.arrived(i, named[i][1]):
+                self.ready(i, named[i][1])
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -288,6 +292,7 @@ class PushPull:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
         finally:
             self._step = None
+        self._tune_buckets(st.t_begin, not isinstance(st.staging, HostInPlace))
         end = time.perf_counter()
         tr = self.transport
         if st.overlapped:
@@ -322,6 +327,15 @@ class PushPull:
         return self._step is not None and self._step.done[index]
 
     @property
+    def single_bucket(self) -> bool:
+        """The agreed layout is one all-reduce bucket of host tensors: handing them over
+        while backward runs starts nothing earlier (the bucket waits for the last of them).
+        Not for GPU tensors, whose copies to the host do overlap with backward."""
+        return (self._layout is not None and isinstance(self.transport, AllReduceTransport)
+                and len(self._layout.parts) == 1 and bool(self._stagings)
+                and all(d.type == "cpu" for d in self._stagings))
+
+    @property
     def in_flight(self) -> bool:
         return self._step is not None
 
@@ -339,7 +353,34 @@ class PushPull:
 
     # ---- internals ----------------------------------------------------------------------
     def _new_layout(self, manifest: Manifest) -> None:
-        """Every rank agreed on a new layout: derive its partitions, codecs and pushers."""
+        """Every rank agreed on a new layout: derive its partitions, codecs and pushers
+        (and, for the job's all-reduce with `--buckets tuned`, start tuning its buckets)."""
+        tr = self.transport
+        if isinstance(tr, AllReduceTransport) and self.group is None and self.ctx.comm.buckets == "tuned":
+            self._tuner = BucketTuner([e.numel for e in manifest.entries], self._agree_max)
+            tr.caps = self._tuner.caps
+        else:
+            self._tuner = None
+        self._build_layout(manifest)
+
+    def _agree_max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum of `values` over the job's workers (the bucket tuner's
+        agreement, at the same step on every worker)."""
+        t = torch.tensor(values, dtype=torch.float64)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.transport.members.gloo)
+        except RuntimeError as err:
+            raise self.ctx.peer_error("agreeing on all-reduce bucket sizes", [], err) from None
+        return t.tolist()
+
+    def _tune_buckets(self, began: float, on_device: bool) -> None:
+        """End of a step that began (its push_pull did) at `began`: the tuner may switch
+        the bucket plan for the next one."""
+        if self._tuner is not None and self._tuner.step_done(time.perf_counter() - began, on_device):
+            self.transport.caps = self._tuner.caps
+            self._build_layout(self._layout.manifest)
+
+    def _build_layout(self, manifest: Manifest) -> None:
         ctx = self.ctx
         parts = self.transport.partitions(manifest)
         if len(parts) >= MAX_PARTITIONS:

@@ -31,14 +31,13 @@ import numpy as np
 import torch.distributed as dist
 
 from . import p2p
+from .buckets import DDP_CAPS, BucketCaps
 from .layout import Manifest
-from .partition import Partition, plan_buckets, plan_for
+from .partition import Partition, plan_for
 from .protocol import part_tag
 from .window import CreditWindow
 
 Arrival = Literal["forward", "backward"]  # the order in which a step's pieces are handed over
-BUCKET_BYTES = 25 * 2**20  # all-reduce bucket (PyTorch DDP's default bucket_cap_mb)
-FIRST_BUCKET_BYTES = 2**20  # the first bucket of a step (DDP's first_bucket_bytes_cap)
 
 
 class Transport:
@@ -216,6 +215,7 @@ class AllReduceTransport(Transport):
     def __init__(self, ctx, group=None):
         super().__init__(ctx)
         self._group = group
+        self.caps: BucketCaps = DDP_CAPS  # the engine's bucket tuner may change it (comm/buckets.py)
 
     @property
     def members(self):
@@ -227,12 +227,12 @@ class AllReduceTransport(Transport):
         return self._group
 
     def partitions(self, manifest: Manifest) -> list[Partition]:
-        """DDP's buckets (comm/partition.py `plan_buckets`): a small first bucket, then
-        BUCKET_BYTES, cut at whole tensors in backward order. The same on every worker
-        whatever its device, overlap or not (a function of the model and the job's
-        constants only), so a GPU worker and a CPU worker issue the same collectives."""
-        return plan_buckets([e.numel for e in manifest.entries], max(1, FIRST_BUCKET_BYTES // 4),
-                            max(1, BUCKET_BYTES // 4))
+        """Buckets of `caps` (comm/partition.py `plan_buckets`; DDP's by default: a small
+        first bucket, then 25 MiB), cut at whole tensors in backward order. The same on
+        every worker whatever its device, overlap or not (a function of the model and of
+        caps every worker agreed on), so a GPU worker and a CPU worker issue the same
+        collectives."""
+        return self.caps.plan([e.numel for e in manifest.entries])
 
     @property
     def _what(self) -> str:

@@ -31,6 +31,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="with --sync stale: the fastest worker runs at most this many steps ahead of the slowest")
     p.add_argument("--collective", choices=["auto", "gloo", "nccl"], default="auto",
                    help="worker collectives on GPUs: auto (NCCL where every worker has a GPU of its own), gloo, nccl")
+    p.add_argument("--buckets", choices=["tuned", "ddp"], default="tuned",
+                   help="all-reduce buckets: tuned (default: DDP's sizes, then larger ones, each for a few steps; "
+                        "the fastest measured is kept) or ddp (a 1 MiB first bucket, then 25 MiB)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -89,7 +92,8 @@ def _launch_config(args, argv: list[str], cluster=None):
     comm = CommConfig(mode=res.mode, partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes,
                       timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
                       codec_rules=tuple(args.codec_rule),
-                      overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective)
+                      overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective,
+                      buckets=args.buckets)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

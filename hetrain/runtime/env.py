@@ -37,13 +37,16 @@ CodecName = Literal["fp32", "fp16", "int8", "int4"]
 CodecChoice = Literal["fp32", "fp16", "int8", "int4", "auto"]
 Sync = Literal["sync", "async", "stale"]
 Collective = Literal["auto", "gloo", "nccl"]
+Buckets = Literal["tuned", "ddp"]
 CODECS: tuple[str, ...] = get_args(CodecName)
 
 # the command-line flag behind each field, so every error names what the user typed
 FLAGS = {"mode": "--mode", "partition_bytes": "--partition-bytes", "credit_bytes": "--credit-bytes",
          "timeout_s": "--timeout", "max_lanes": "--max-lanes", "codec": "--codec", "codec_rules": "--codec-rule",
-         "overlap": "--overlap", "sync": "--sync", "staleness": "--staleness", "collective": "--collective"}
-_WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode", "collective": "collective backend"}
+         "overlap": "--overlap", "sync": "--sync", "staleness": "--staleness", "collective": "--collective",
+         "buckets": "--buckets"}
+_WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode", "collective": "collective backend",
+         "buckets": "bucket policy"}
 
 
 def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -98,6 +101,9 @@ class CommConfig(BaseModel):
     staleness: int = 0  # stale: the fastest worker is at most this many steps ahead of the slowest
     # worker-group collectives: auto = NCCL where every member is a GPU of its own, else gloo
     collective: Collective = "auto"
+    # all-reduce buckets: DDP's sizes, then larger ones tried on the running job, the fastest
+    # kept (comm/buckets.py); or DDP's sizes throughout
+    buckets: Buckets = "tuned"
 
     def __init__(self, **data) -> None:
         try:
