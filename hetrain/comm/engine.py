@@ -18,6 +18,8 @@ one process never share a collective.
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -132,8 +134,9 @@ class PushPull:
         self._stagings: dict[torch.device, Staging] = {}
         self._cuda = None
         self._step: _Step | None = None
-        self._memo: tuple | None = None  # (named list, its key, (device, manifest, digest)): see _described
+        self._memo: tuple | None = None  # (key of the tensors, (device, manifest, digest)): see _described
         self._tuner: BucketTuner | None = None  # the job's all-reduce buckets, while being tuned
+        self._idle: weakref.WeakMethod | None = None  # see while_waiting
 
     # ---- public -------------------------------------------------------------------------
     def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -215,19 +218,18 @@ class PushPull:
         return True
 
     def _described(self, named: list[tuple[str, torch.Tensor]]) -> tuple[torch.device, Manifest, int]:
-        """The tensors' device (checked), manifest and digest. An optimizer hands over the
-        same list of parameters every step, so the last answer is kept for that list while
-        its tensors keep their shapes, dtypes and devices (`model.to()` moves a parameter
-        in place, which the key sees): a step then costs one pass over the tensors, not
-        three and a hash."""
+        """The tensors' device (checked), manifest and digest. A training loop hands over
+        tensors of the same names, shapes, dtypes and devices every step, so the last
+        answer is kept while they stay so (the key is all the check and the manifest
+        read): a step then costs one pass over the tensors, not three and a hash."""
         key = tuple((n, t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for n, t in named)
         memo = self._memo
-        if memo is not None and memo[0] is named and memo[1] == key:
-            return memo[2]
+        if memo is not None and memo[0] == key:
+            return memo[1]
         device = check_tensors(named, self.ctx.device if self.ctx.distributed else None)
         manifest = Manifest.of(named)
         out = (device, manifest, manifest.digest())
-        self._memo = (named, key, out)
+        self._memo = (key, out) if None not in key else None
         return out
 
     def ready(self, index: int, tensor: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
@@ -286,7 +288,7 @@ class PushPull:
             if st.control is not None:
                 st.total = self.protocol.answers(st.control, st.manifest, st.weight)
             st.staging.resolve()  # all-reduce: the step header is checked even with no bucket
-            self.transport.finish()
+            self.transport.finish(idle=self._idle_task())
             st.staging.complete(tensors)
             if st.average and st.total == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
@@ -302,6 +304,16 @@ class PushPull:
         else:
             exposed, hidden = end - st.t_begin, 0.0
         self._account(st.wait_s, exposed, tr.bytes_out, hidden, tr.bytes_in)
+
+    def while_waiting(self, task: Callable[[], None]) -> None:
+        """Run `task` in each step's exchange, once every bucket is on its way and before
+        the wait for the results (all-reduce jobs; a bound method, held weakly, replacing
+        the one before): work that must happen between steps but needs no result of this
+        one takes the time the wait would idle (the loader re-plans its shares there)."""
+        self._idle = weakref.WeakMethod(task)
+
+    def _idle_task(self) -> Callable[[], None] | None:
+        return self._idle() if self._idle is not None else None
 
     def grad_homes(self, named: list[tuple[str, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """Where the gradients of `named` (the parameters of the agreed layout) can live so

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -78,7 +79,10 @@ class Transport:
     def progress(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def finish(self) -> None:  # pragma: no cover - interface
+    def finish(self, idle: Callable[[], None] | None = None) -> None:  # pragma: no cover - interface
+        """Send what is left and wait for every result. `idle`: work of the caller's that
+        may run once everything is on its way, before the wait (where a transport has
+        such a point; the others ignore it)."""
         raise NotImplementedError
 
 
@@ -198,7 +202,7 @@ class ServerTransport(Transport):
         self.leg.add(self.staging.out_ready(False))
         self.leg.flush(block=False)
 
-    def finish(self) -> None:
+    def finish(self, idle: Callable[[], None] | None = None) -> None:
         while self.staging.outstanding:
             self.leg.add(self.staging.out_ready(True))
             self.leg.flush(block=True)
@@ -278,10 +282,12 @@ class AllReduceTransport(Transport):
         self.ready.update(self.staging.work_ready(False))
         self._launch()
 
-    def finish(self) -> None:
+    def finish(self, idle: Callable[[], None] | None = None) -> None:
         while self.next < len(self.order):
             self.ready.update(self.staging.work_ready(True))
             self._launch()
+        if idle is not None:  # every bucket is on its way: the caller's work runs in the wait
+            idle()
         while self.works:
             pid, work = self.works.popleft()
             p2p.wait(work, self.ctx.peer_error, self._what, self._peers)
@@ -403,7 +409,7 @@ class HierarchicalTransport(Transport):
     def progress(self) -> None:
         self._step(block=False)
 
-    def finish(self) -> None:
+    def finish(self, idle: Callable[[], None] | None = None) -> None:
         total = len(self.layout.parts)
         while self.delivered < total:
             if self._step(block=False):

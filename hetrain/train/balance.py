@@ -174,6 +174,7 @@ class Balancer:
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
+        self._prefetched = False  # the exchange in flight was completed and applied by prefetch()
         self.step = 0
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
@@ -296,9 +297,11 @@ class Balancer:
             self.rows, self.rows_step = np.array([[*extra]], dtype=np.float64), self.step
             self.history.append(self.sizes.copy())
             return self.sizes
+        early, self._prefetched = self._prefetched, False  # applied in the step's exchange already
         if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
-            self.rows = None
-            self._complete_pending()
+            if not early:
+                self.rows = None
+                self._complete_pending()
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
@@ -307,11 +310,23 @@ class Balancer:
         step = self.step
         if self.cfg.overlap_exchange:
             (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
-        self.rows = None
+        if not early:
+            self.rows = None
         if wait is not None:
             self._apply(wait(), step)
         self.history.append(self.sizes.copy())
         return self.sizes
+
+    def prefetch(self) -> None:
+        """Complete the exchange in flight and solve the shares it gives now, ahead of the
+        next `update` (the shares of the step after this one; no result of this step is
+        needed). Called from the optimizer's exchange while it waits for the step's last
+        bucket (`PushPull.while_waiting`), so the re-plan takes time the wait would idle
+        rather than the critical path between steps. Same shares, same rows as `update`
+        would give; does nothing without an exchange in flight."""
+        if self.lockstep and self._pending is not None and not self._prefetched:
+            self._complete_pending()
+            self._prefetched = True
 
     @property
     def exchange_every(self) -> int:
@@ -321,6 +336,10 @@ class Balancer:
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns
         its extra numbers (None if there was none). A collective like `update`."""
+        if self._prefetched:  # applied already, after the last update
+            self._prefetched = False
+            self.history[-1] = self.sizes.copy()
+            return self.rows
         self.rows = None
         if self._complete_pending():
             self.history[-1] = self.sizes.copy()

@@ -162,6 +162,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
 
     def _begin(self, samples: int, total: int | None = None, passes: int = 1) -> None:
         self._ensure_hook()
+        if self.engine is not None and hasattr(self.engine, "while_waiting"):
+            self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):

@@ -225,3 +225,30 @@ def test_shares_are_the_greedy_ones_sample_for_sample(g, n, ties, data):
         return  # does not fit / forced minimums only: covered by the test above
     assert solve_shares(g, fixed, per, caps, min_samples).tolist() == _greedy_shares(g, fixed, per, caps,
                                                                                      min_samples).tolist()
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_shares_solved_while_the_exchange_waits_are_the_shares_update_gives(every):
+    """`prefetch` (the optimizer runs it while the step's last bucket is in flight)
+    completes the exchange in flight and re-plans early; the next `update` then only posts
+    its own fit. Shares, their history and the rows for the metrics are the same as
+    without it, whichever steps it runs in."""
+    other = [[np.inf, 5, 0, 0, 1]] + [[0.002 * (1 + k % 3), 0.0004, -1.0] for k in range(30)]
+    runs = []
+    for prefetch_at in (set(), set(range(30)), {3, 4, 9, 17}):
+        b = Balancer(None, 100, BalanceConfig(every=every), gather=_fake_gather(*other), num_workers=2)
+        rows, early = [], 0
+        for step in range(20):
+            b.record(int(b.sizes[0]), 0.001 + 0.0002 * b.sizes[0] * (1 + step % 4))
+            if step in prefetch_at:
+                before = b.sizes.tolist()
+                b.prefetch()
+                early += b.sizes.tolist() != before  # re-planned here, ahead of update
+            b.update(extra=(float(step),))
+            rows.append(None if b.rows is None else b.rows.tolist())
+        b.prefetch()
+        last = b.flush()
+        runs.append(([h.tolist() for h in b.history], rows, None if last is None else last.tolist()))
+        assert early > 0 or not prefetch_at
+    assert runs[0] == runs[1] == runs[2]
+    assert len({tuple(h) for h in runs[0][0]}) > 2  # the shares did move
