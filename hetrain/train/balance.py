@@ -171,6 +171,7 @@ class Balancer:
         self.caps = np.minimum(mem_caps, self.global_batch)
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
+        self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
@@ -252,6 +253,8 @@ class Balancer:
         until the other is predicted 5% faster (no flapping on noise). A micro-batch
         pays the step's fixed part again (kernel launches, Python), so accumulation is
         predicted slower unless memory caps the unequal batches."""
+        if int(total) != self.global_batch and int(total) in self._partial:
+            return self._partial[int(total)]  # an epoch's last batch, planned with these fits already
         fits = self.fits
         known = np.isfinite(fits[:, 1])
         measured = self.cfg.policy != "equal" and known.any()
@@ -280,6 +283,8 @@ class Balancer:
             self.strategy = plan.strategy
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
+        if int(total) != self.global_batch:
+            self._partial[int(total)] = plan
         return plan
 
     def update(self, extra=()) -> np.ndarray:
@@ -357,6 +362,7 @@ class Balancer:
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()
+        self._partial.clear()
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes
 

@@ -252,3 +252,18 @@ def test_shares_solved_while_the_exchange_waits_are_the_shares_update_gives(ever
         assert early > 0 or not prefetch_at
     assert runs[0] == runs[1] == runs[2]
     assert len({tuple(h) for h in runs[0][0]}) > 2  # the shares did move
+
+
+def test_an_epochs_last_batch_is_planned_once_per_fit():
+    """The loader asks for the split of an epoch's last, smaller batch every epoch: it is
+    solved once for the fits in force, and again only when new fits arrive."""
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.002], [0.0, 0.003]), num_workers=2)
+    b.record(50, 0.05)
+    b.update()
+    first = b.plan_for(37)
+    assert b.plan_for(37) is first and first.sizes.sum() == 37
+    b.record(60, 0.05)
+    b.update()  # new fits: planned afresh
+    again = b.plan_for(37)
+    assert again is not first and again.sizes.sum() == 37
