@@ -461,6 +461,9 @@ class _HomesEngine:
     def zero_grad_homes(self):
         self.buffer.zero_()
 
+    def mark_step_start(self):
+        pass
+
 
 @pytest.mark.parametrize("own_zero_grad", [False, True])
 def test_zero_grad_with_every_gradient_in_its_bucket(own_zero_grad):

@@ -389,6 +389,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         fit one all-reduce bucket are pointed at their piece of it, zeroed (PyTorch DDP's
         `gradient_as_bucket_view`): backward accumulates into the bucket, and neither a copy
         in nor a copy out is made. Such a `.grad` is a zero tensor, not None, after this."""
+        if not self.engine.in_flight:
+            self.engine.mark_step_start()
         homes = ({} if self.sync != "sync" or self.op == ReduceOp.ADASUM or self.engine.in_flight
                  else self.engine.grad_homes(self._named))
         if not self._all_at_home(homes):

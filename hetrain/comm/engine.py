@@ -137,6 +137,7 @@ class PushPull:
         self._memo: tuple | None = None  # (key of the tensors, (device, manifest, digest)): see _described
         self._tuner: BucketTuner | None = None  # the job's all-reduce buckets, while being tuned
         self._idle: weakref.WeakMethod | None = None  # see while_waiting
+        self._step_mark: float | None = None  # see mark_step_start
 
     # ---- public -------------------------------------------------------------------------
     def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -294,7 +295,8 @@ class PushPull:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
         finally:
             self._step = None
-        self._tune_buckets(st.t_begin, not isinstance(st.staging, HostInPlace))
+        began, self._step_mark = (self._step_mark or st.t_begin), None
+        self._tune_buckets(began, not isinstance(st.staging, HostInPlace))
         end = time.perf_counter()
         tr = self.transport
         if st.overlapped:
@@ -304,6 +306,12 @@ class PushPull:
         else:
             exposed, hidden = end - st.t_begin, 0.0
         self._account(st.wait_s, exposed, tr.bytes_out, hidden, tr.bytes_in)
+
+    def mark_step_start(self) -> None:
+        """The training step starts now (the optimizer's zero_grad): the bucket tuner
+        times each step from here to the end of its exchange, the same span whether the
+        push_pull begins at once (overlap) or at step() (a one-bucket plan)."""
+        self._step_mark = time.perf_counter()
 
     def while_waiting(self, task: Callable[[], None]) -> None:
         """Run `task` in each step's exchange, once every bucket is on its way and before

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hetrain
 
-STEPS, GLOBAL = 20, 24
+STEPS, GLOBAL = 30, 24
 
 
 def make_model():
