@@ -193,8 +193,8 @@ def real(tmp, q) -> dict:
     """Real compute with overlap on for hetrain and DDP (bench/hetero_cases.py)."""
     from hetero_cases import run_cases
 
-    def launch(tag, cluster, args):
-        return _launch(tmp, tag, cluster, "allreduce", args, worker=REAL_WORKER, limit=1800)
+    def launch(tag, cluster, args, flags=()):
+        return _launch(tmp, tag, cluster, "allreduce", args, flags=flags, worker=REAL_WORKER, limit=1800)
 
     return run_cases(launch, tmp, q)
 

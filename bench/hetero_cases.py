@@ -21,7 +21,9 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             minutes) slows both alike; repeats start fresh models.
   accuracy  test accuracy after the same samples vs one process on the same global
             batches (same seeds), and time to a target accuracy per system.
-Shared cores: 3 workers on the host's cores (MLP), reported beside (full run only).
+Beside: the MLP's even case again with DDP's bucket plan kept (`--buckets ddp`): the
+baseline of hetrain's bucket tuning. Shared cores: 3 workers on the host's cores (MLP),
+reported beside (full run only).
 """
 from __future__ import annotations
 
@@ -125,14 +127,19 @@ def _per_repeat(res: dict, kind: str) -> list[dict]:
     return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
 
 
-def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
-    out: dict = {}
+def even_case(res_even: dict, gb: int, skip: int) -> dict:
+    """hetrain with equal shares against DDP, paired in one launch: samples/s of each and
+    `even_over_ddp`, the median over repeats of the per-repeat ratio."""
     ev_d, ev_h = _per_repeat(res_even, "ddp"), _per_repeat(res_even, "even")
     ratios = [_sps(h, gb, skip) / _sps(d, gb, skip) for h, d in zip(ev_h, ev_d)]
-    out["even"] = {"ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_d])),
-                   "hetrain_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_h])),
-                   "ratio_repeats": ratios}
-    out["even_over_ddp"] = float(np.median(ratios))
+    return {"even": {"ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_d])),
+                     "hetrain_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ev_h])),
+                     "ratio_repeats": ratios},
+            "even_over_ddp": float(np.median(ratios))}
+
+
+def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
+    out: dict = even_case(res_even, gb, skip)
     # each repeat's speeds, measured just before its runs (all workers computing at once)
     speed_runs = _per_repeat(res_uneven, "speed")
     speeds = np.asarray([r["per_sample_s"] for r in speed_runs])
@@ -204,6 +211,11 @@ def run_cases(launch, tmp, quick: bool) -> dict:
         case["acc_same_samples"] = last  # the last repeat: same seed as the single process
         case["accumulate_acc_gap_points"] = 100 * abs(last["accumulate"] - single)
         out[model] = case
+    # beside: the MLP with DDP's bucket plan kept (`--buckets ddp`), the tuned plan's baseline
+    print("  real mlp: even, with DDP's bucket plan (--buckets ddp)", flush=True)
+    fixed = launch("real-mlp-even-ddp-buckets", pinned, ["--model", "mlp", "--kinds", "ddp+even", *common],
+                   flags=("--buckets", "ddp"))
+    out["mlp_ddp_buckets"] = even_case(fixed, gb, skip)
     out["host"] = {"cpus": os.cpu_count(), "loadavg_1min_before": load0[0], "loadavg_1min_after": os.getloadavg()[0]}
     if quick:  # the shared-cores case runs in the full benchmark only (time)
         return out
@@ -239,6 +251,9 @@ def table(r: dict) -> list[str]:
                      f"{u['accumulate']['over_ideal']:>9.2f}{c['single_process_acc']:>11.4f}"
                      f"{c['acc_same_samples']['accumulate']:>10.4f}{f(t['ddp']):>8}{f(t['balanced']):>9}"
                      f"{f(t['accumulate']):>8}")
+    if "mlp_ddp_buckets" in r:
+        lines.append(f"mlp even with DDP's bucket plan kept (--buckets ddp): {r['mlp_ddp_buckets']['even_over_ddp']:.3f}x "
+                     "DDP (the row above: buckets tuned)")
     if "shared_cores_mlp" in r:
         u = r["shared_cores_mlp"]["uneven"]
         lines.append(f"shared cores (3 workers, MLP, worker 2 slow): ideal {u['ideal_over_ddp']:.3f}x DDP, unequal "
