@@ -212,7 +212,10 @@ def run_cases(launch, tmp, quick: bool) -> dict:
     # hetrain tunes its all-reduce buckets in its first 22 steps (comm/buckets.py): both
     # systems skip those steps as warm-up, and the steady state after them is measured
     steps, skip, reps = (40, 24, 4) if quick else (60, 26, 7)
-    gb, lr = 512, 0.1
+    # lr 0.05 (momentum 0.9): at 0.1 the transformer stays at chance for 40 steps and the
+    # CNN's accuracy turns on rounding (the same batches as 8 micro-batches: 0.865 against
+    # 0.789 whole at step 40); at 0.05 both match one process to 3 decimals at every evaluation
+    gb, lr = 512, 0.05
     load0 = os.getloadavg()
     pinned = {"name": "real", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0},
                                             "threads": 1} for i in range(2)]}
