@@ -14,7 +14,9 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             step minus the compute that perfect balancing saves (`compute_saved`: the
             slowest worker's compute at equal shares, by the fits or as measured in
             DDP's run, whichever is less, minus all workers finishing together by the
-            fits), so exchange and overheads stay DDP's. `balanced_over_ideal` =
+            fits), averaged over the measured steps at each one's own global batch
+            (`saved_per_step`: every third is an epoch's partial last batch), so
+            exchange and overheads stay DDP's. `balanced_over_ideal` =
             (median hetrain/DDP - 1) / (median ideal - 1).
   pairing   DDP and hetrain train side by side in one launch, their steps alternating
             (ABBA), so a host whose speed drifts (this one's does, by up to 3x over
@@ -44,9 +46,19 @@ TARGET = 0.85
 MICRO = 64  # accumulate's micro-batch: 8 per global batch of 512
 
 
+def _steps(run: dict, skip: int) -> np.ndarray:
+    """Phases of the measured steps (ranks x steps x fields): those the span from the end of
+    step `skip` to the end of the last one covers."""
+    return np.asarray(run["phases"], dtype=float)[:, skip + 1:, :]
+
+
 def _sps(run: dict, gb: int, skip: int) -> float:
+    """Samples per second over the measured steps: the samples the workers trained on (an
+    epoch's last global batch is partial: 233 of the digits' 1257 training images at 512),
+    or `gb` per step for a run without per-step phases."""
     t = np.asarray(run["times"])
-    return gb * (len(t) - 1 - skip) / (t[-1] - t[skip])
+    samples = _steps(run, skip)[:, :, 5].sum() if "phases" in run else gb * (len(t) - 1 - skip)
+    return float(samples / (t[-1] - t[skip]))
 
 
 def _time_to(run: dict, target: float):
@@ -140,10 +152,25 @@ def compute_saved(fixed: np.ndarray, slope: np.ndarray, gb: int, equal: float | 
         active &= ~drop
 
 
+def saved_per_step(fixed: np.ndarray, slope: np.ndarray, ddp_run: dict, skip: int) -> float:
+    """`compute_saved` averaged over the steps DDP's run measured, each at its own global
+    batch: an epoch's last batch is partial (233 samples every third step here), and
+    balancing saves less on it than on a full one (fixed parts weigh more). Per batch
+    size, `equal` is the median over its steps of the slowest rank's forward+backward in
+    DDP's run (its backward ends with the wait for the last bucket, a small over-count)."""
+    ph = _steps(ddp_run, skip)
+    batch = ph[:, :, 5].sum(axis=0)
+    slowest = np.max(ph[:, :, 1] + ph[:, :, 2], axis=0)
+    total = 0.0
+    for b in np.unique(batch):
+        at = batch == b
+        total += int(at.sum()) * compute_saved(fixed, slope, int(b), float(np.median(slowest[at])))
+    return total / len(batch)
+
+
 def _slowest_compute(run: dict, skip: int) -> float:
-    """The slowest rank's forward+backward per step in a DDP run (median over steps; its
-    backward ends with the wait for the last bucket, a small over-count)."""
-    ph = np.asarray(run["phases"], dtype=float)[:, skip:, :]
+    """The slowest rank's forward+backward per step in a DDP run (median over steps)."""
+    ph = _steps(run, skip)
     return float(np.max(np.median(ph[:, :, 1] + ph[:, :, 2], axis=1)))
 
 
@@ -169,9 +196,9 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
     speeds = np.asarray([r["per_sample_s"] for r in speed_runs])
     ddp = _per_repeat(res_uneven, "ddp")
     equal = [_slowest_compute(r, skip) for r in ddp]
-    saved = np.asarray([compute_saved(np.asarray(r["fixed_s"]), np.asarray(r["slope_s"]), gb, eq)
-                        for r, eq in zip(speed_runs, equal)])
-    ddp_step = np.asarray([gb / _sps(r, gb, skip) for r in ddp])
+    saved = np.asarray([saved_per_step(np.asarray(r["fixed_s"]), np.asarray(r["slope_s"]), d, skip)
+                        for r, d in zip(speed_runs, ddp)])
+    ddp_step = np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in ddp])
     ideal = ddp_step / np.maximum(ddp_step - saved, 1e-9)
     out["uneven"] = {"per_sample_s": np.median(speeds, axis=0).tolist(),
                      "fixed_s": np.median([r["fixed_s"] for r in speed_runs], axis=0).tolist(),

@@ -193,7 +193,8 @@ class Runner:
         t4 = time.perf_counter()
         self.clock += t4 - t0
         self.times.append(self.clock)
-        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x), ta - t0, time.process_time() - c0))
+        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x), ta - t0, time.process_time() - c0,
+                            t3, t35))
         self.steps += 1
         if a.eval_every and self.steps % a.eval_every == 0:  # evaluation time is not training time
             self.accs.append((self.steps, self.clock, acc_of(self.model, self.data[2], self.data[3])))
@@ -207,7 +208,8 @@ class Runner:
             out["sizes"] = [[int(v) for v in h] for h in self.loader.balancer.history[:a.steps]]
             out["loader_exchange_s"] = self.loader.batches.exchange_s
         # every rank's phases (before, forward, backward, exchange, update, samples, batch fetch, process CPU
-        # seconds: every thread, gloo's included) per step
+        # seconds: every thread, gloo's included; then the host's monotonic clock at the end of backward and
+        # of the exchange, comparable across the workers of one host) per step
         mine = torch.tensor(self.phases, dtype=torch.float64)
         allp = [torch.zeros_like(mine) for _ in range(nw)]
         dist.all_gather(allp, mine, group=self.ctx.worker_group)
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
                 runs += one_run(a, kind, rep, ctx, data)
                 prof.disable()
         with open(os.environ["BENCH_CPROFILE"], "w") as fh:
-            prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof"); pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
+            prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof"); pstats.Stats(prof, stream=fh).sort_stats(os.environ.get("BENCH_CPROFILE_SORT", "tottime")).print_stats(80)
     else:
         runs = [r for rep in range(a.repeats) for kind in a.kinds.split(",") for r in one_run(a, kind, rep, ctx, data)]
     if hetrain.rank() == 0:

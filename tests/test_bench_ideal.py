@@ -30,3 +30,22 @@ def test_a_measured_equal_step_below_the_fits_bounds_the_saving():
     slope = np.array([1e-4, 2e-4])
     assert compute_saved(np.zeros(2), slope, 512, equal=0.040) == pytest.approx(0.040 - 512 / 15000)
     assert compute_saved(np.zeros(2), slope, 512, equal=0.9) == pytest.approx(0.0512 - 512 / 15000)
+
+
+def test_the_saving_is_averaged_over_the_steps_at_each_ones_own_global_batch():
+    """An epoch's last global batch is partial: balancing saves less on it, and the ideal
+    counts each measured step at the batch it had."""
+    from hetero_cases import saved_per_step
+
+    slope = np.array([1e-4, 2e-4])
+
+    def step(b, slowest):  # (pre, forward, backward, sync, update, samples) per rank
+        return [[0, slowest / 2, slowest / 2, 0, 0, b / 2], [0, slowest / 4, slowest / 4, 0, 0, b / 2]]
+
+    full, part = step(512, 0.0512), step(232, 0.0232)
+    steps = [full, full, part] * 2  # ranks come first in a run's phases: transpose below
+    run = {"phases": np.transpose(np.asarray(steps), (1, 0, 2)).tolist()}
+    expect = (2 * (0.0512 - 512 / 15000) + (0.0232 - 232 / 15000)) / 3
+    # the first measured step is the one after `skip`
+    assert saved_per_step(np.zeros(2), slope, run, skip=-1) == pytest.approx(expect)
+    assert saved_per_step(np.zeros(2), slope, run, skip=-1) < compute_saved(np.zeros(2), slope, 512)

@@ -56,14 +56,18 @@ def test_all_reduce_buckets_are_tuned_while_training_and_results_stay_exact(laun
     """The job's all-reduce tries DDP's two buckets and one bucket in mirrored blocks of
     a few steps, and both workers switch at the same steps and keep the same plan; the
     gradients change buckets three times or more (their homes move) and the model still
-    equals one process on the global batches."""
+    equals one process on the global batches, with gloo's socket threads lowered
+    (`--gloo-thread idle`: every group's, those named after init() looked included)."""
     from bucket_tuning import reference
 
     cluster = {"name": "t", "machines": [{"name": f"w{i}", "role": "worker", "device": {}} for i in range(2)]}
     out = tmp_path / "res"
-    rc, log, _ = launch("bucket_tuning.py", str(out), cluster=cluster, mode="allreduce", timeout=60)
+    rc, log, _ = launch("bucket_tuning.py", str(out), cluster=cluster, mode="allreduce", timeout=60,
+                        extra=("--gloo-thread", "idle"))
     assert rc == 0, log
     runs = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
+    for r in runs:
+        assert len(r["loop_idle"]) >= 2 and all(r["loop_idle"]), r["loop_idle"]  # one thread per gloo group
     assert runs[0]["buckets"] == runs[1]["buckets"] and runs[0]["times"] == runs[1]["times"]
     assert runs[0]["done"] and runs[0]["tried"] == 2
     # DDP's plan for 2 + 5 steps, one bucket for 10, DDP's for 5, then the one measured faster

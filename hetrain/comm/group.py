@@ -23,6 +23,7 @@ from typing import Sequence
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..runtime.commthreads import yield_loop_threads
 from ..runtime.devices import group_backend, nccl_environment, nccl_group_options
 
 
@@ -87,5 +88,6 @@ def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) 
             nccl_environment()
             nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl", **nccl_group_options(ctx.device))
         member = ctx.rank in ranks
+        yield_loop_threads(ctx.comm.gloo_thread, on_host=ctx.device.type == "cpu")  # the new group's thread too
         out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
     return out

@@ -34,6 +34,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buckets", choices=["tuned", "ddp"], default="tuned",
                    help="all-reduce buckets: tuned (default: DDP's sizes, then larger ones, each for a few steps; "
                         "the fastest measured is kept) or ddp (a 1 MiB first bucket, then 25 MiB)")
+    p.add_argument("--gloo-thread", choices=["auto", "idle", "normal"], default="auto",
+                   help="gloo's socket thread: auto (default: run it only on core time compute leaves, where "
+                        "compute fills the worker's cores), idle (always), normal (as gloo starts it)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -93,7 +96,7 @@ def _launch_config(args, argv: list[str], cluster=None):
                       timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
                       codec_rules=tuple(args.codec_rule),
                       overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective,
-                      buckets=args.buckets)
+                      buckets=args.buckets, gloo_thread=args.gloo_thread)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

@@ -38,15 +38,16 @@ CodecChoice = Literal["fp32", "fp16", "int8", "int4", "auto"]
 Sync = Literal["sync", "async", "stale"]
 Collective = Literal["auto", "gloo", "nccl"]
 Buckets = Literal["tuned", "ddp"]
+GlooThread = Literal["auto", "idle", "normal"]
 CODECS: tuple[str, ...] = get_args(CodecName)
 
 # the command-line flag behind each field, so every error names what the user typed
 FLAGS = {"mode": "--mode", "partition_bytes": "--partition-bytes", "credit_bytes": "--credit-bytes",
          "timeout_s": "--timeout", "max_lanes": "--max-lanes", "codec": "--codec", "codec_rules": "--codec-rule",
          "overlap": "--overlap", "sync": "--sync", "staleness": "--staleness", "collective": "--collective",
-         "buckets": "--buckets"}
+         "buckets": "--buckets", "gloo_thread": "--gloo-thread"}
 _WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode", "collective": "collective backend",
-         "buckets": "bucket policy"}
+         "buckets": "bucket policy", "gloo_thread": "gloo thread policy"}
 
 
 def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
@@ -104,6 +105,8 @@ class CommConfig(BaseModel):
     # all-reduce buckets: DDP's sizes, then larger ones tried on the running job, the fastest
     # kept (comm/buckets.py); or DDP's sizes throughout
     buckets: Buckets = "tuned"
+    # gloo's socket thread: SCHED_IDLE where compute fills the cores (runtime/commthreads.py)
+    gloo_thread: GlooThread = "auto"
 
     def __init__(self, **data) -> None:
         try:

@@ -1,7 +1,8 @@
 """All-reduce job whose gradients (1.6 MB) make two bucket plans: DDP's two buckets and
 one bucket. Trains STEPS steps of SGD with momentum and unequal batch sizes, overlap on,
 gradients in their buckets, while the engine tunes its buckets; saves the parameters and
-what the tuner did."""
+what the tuner did, and the scheduling class of gloo's socket threads after training."""
+import os
 import sys
 
 import torch
@@ -53,6 +54,9 @@ if __name__ == "__main__":
         opt.step()
         buckets.append(len(opt.engine._layout.parts))
     tuner = opt.engine._tuner
+    from hetrain.runtime.commthreads import loop_threads
+
+    idle = [os.sched_getscheduler(t) == getattr(os, "SCHED_IDLE", -1) for t in loop_threads()]
     torch.save({"state": model.state_dict(), "buckets": buckets, "tried": len(tuner.times),
-                "times": tuner.times, "done": tuner.done}, sys.argv[1] + f".rank{rank}.pt")
+                "times": tuner.times, "done": tuner.done, "loop_idle": idle}, sys.argv[1] + f".rank{rank}.pt")
     hetrain.shutdown()

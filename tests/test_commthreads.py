@@ -1,0 +1,120 @@
+"""gloo's socket thread policy (runtime/commthreads.py): which threads it finds, what each
+policy does to them, and the flag's validation. The gloo group is made in a child process
+(one rank, a real gloo group and its real loop thread), so this test process keeps no
+process group."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetrain.errors import UserError
+from hetrain.runtime.commthreads import compute_fills_cores, loop_threads, yield_loop_threads
+from hetrain.runtime.env import CommConfig
+
+ROOT = Path(__file__).parents[1]
+
+CHILD = r"""
+import json, os, sys, torch, torch.distributed as dist
+from hetrain.runtime.commthreads import loop_threads, yield_loop_threads
+policy, on_host = sys.argv[1], sys.argv[2] == "1"
+torch.set_num_threads(len(os.sched_getaffinity(0)))  # compute fills the cores
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.new_group([0], backend="gloo")  # a second group: a second loop thread
+import time
+for _ in range(500):  # each loop thread names itself once it runs
+    if len(loop_threads()) >= 2:
+        break
+    time.sleep(0.01)
+lowered = yield_loop_threads(policy, on_host)
+again = yield_loop_threads(policy, on_host)  # threads lowered before are skipped
+tids = loop_threads()
+x = torch.ones(4)
+dist.all_reduce(x)  # a lowered thread still serves collectives
+print("SEEN " + json.dumps({"lowered": lowered, "again": again, "threads": len(tids), "x": x.tolist(),
+                            "idle": [os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids]}))
+dist.destroy_process_group()
+"""
+
+
+def _child(policy: str, on_host: bool = True) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run([sys.executable, "-c", CHILD, policy, "1" if on_host else "0"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("SEEN ")]
+    return json.loads(line[5:])
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+def test_idle_lowers_every_gloo_loop_thread_and_collectives_still_run():
+    seen = _child("idle")
+    assert seen["threads"] >= 2  # one per gloo group
+    assert seen["lowered"] == seen["threads"] and seen["again"] == 0
+    assert all(seen["idle"])
+    assert seen["x"] == [1.0] * 4
+
+
+def test_normal_and_auto_on_a_gpu_worker_leave_the_threads_as_gloo_started_them():
+    for policy, on_host in (("normal", True), ("auto", False)):
+        seen = _child(policy, on_host)
+        assert seen["threads"] >= 2
+        assert seen["lowered"] == 0
+        assert not any(seen["idle"])
+
+
+def test_auto_lowers_where_compute_fills_the_cores():
+    seen = _child("auto", True)  # the child runs as many torch threads as it has cores
+    assert seen["lowered"] == seen["threads"] >= 2
+
+
+def test_compute_fills_cores_compares_threads_with_the_affinity(monkeypatch):
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert compute_fills_cores(on_host=True)
+    assert not compute_fills_cores(on_host=False)
+    if cores > 1:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
+        assert not compute_fills_cores(on_host=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux /proc")
+def test_loop_threads_finds_threads_by_their_kernel_name():
+    """A thread that names itself (prctl PR_SET_NAME, as gloo's loop does) is found by
+    that name, and only it."""
+    import ctypes
+    import threading
+
+    named, done = threading.Event(), threading.Event()
+    tid = []
+
+    def probe():
+        ctypes.CDLL(None).prctl(15, b"hetrain_probe", 0, 0, 0)  # PR_SET_NAME
+        tid.append(threading.get_native_id())
+        named.set()
+        done.wait(30)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        assert named.wait(30)
+        assert loop_threads("hetrain_probe") == tid
+    finally:
+        done.set()
+        t.join()
+    import time
+
+    for _ in range(500):  # the OS thread ends a moment after join() returns
+        if not loop_threads("hetrain_probe"):
+            break
+        time.sleep(0.01)
+    assert loop_threads("hetrain_probe") == []
+
+
+def test_a_bad_policy_names_the_flag():
+    with pytest.raises(UserError, match="--gloo-thread"):
+        CommConfig(gloo_thread="fast")
