@@ -201,7 +201,9 @@ class Runner:
 
     def result(self) -> dict:
         a, nw = self.a, hetrain.size()
-        out = {"kind": self.kind, "rep": self.rep, "times": self.times,
+        from hetrain.runtime.commthreads import yielding
+
+        out = {"kind": self.kind, "rep": self.rep, "times": self.times, "gloo_threads_yield": yielding(),
                "final_acc": acc_of(self.model, self.data[2], self.data[3]), "accs": self.accs}
         if self.loader is not None:
             self.loader.finish()

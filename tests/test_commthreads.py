@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from hetrain.errors import UserError
-from hetrain.runtime.commthreads import compute_fills_cores, loop_threads, yield_loop_threads
+from hetrain.runtime.commthreads import compute_fills_cores, lowers, loop_threads
 from hetrain.runtime.env import CommConfig
 
 ROOT = Path(__file__).parents[1]
 
 CHILD = r"""
 import json, os, sys, torch, torch.distributed as dist
-from hetrain.runtime.commthreads import loop_threads, yield_loop_threads
-policy, on_host = sys.argv[1], sys.argv[2] == "1"
+from hetrain.runtime.commthreads import configure, loop_threads, yield_loop_threads, yielding
+policy, on_host, own = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 torch.set_num_threads(len(os.sched_getaffinity(0)))  # compute fills the cores
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 dist.new_group([0], backend="gloo")  # a second group: a second loop thread
@@ -28,20 +28,22 @@ for _ in range(500):  # each loop thread names itself once it runs
     if len(loop_threads()) >= 2:
         break
     time.sleep(0.01)
-lowered = yield_loop_threads(policy, on_host)
-again = yield_loop_threads(policy, on_host)  # threads lowered before are skipped
+lowered = configure(policy, on_host, own)
+again = yield_loop_threads()  # threads lowered before are skipped
 tids = loop_threads()
 x = torch.ones(4)
 dist.all_reduce(x)  # a lowered thread still serves collectives
 print("SEEN " + json.dumps({"lowered": lowered, "again": again, "threads": len(tids), "x": x.tolist(),
+                            "yielding": yielding(),
                             "idle": [os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids]}))
 dist.destroy_process_group()
 """
 
 
-def _child(policy: str, on_host: bool = True) -> dict:
+def _child(policy: str, on_host: bool = True, own_cores: bool = True) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
-    proc = subprocess.run([sys.executable, "-c", CHILD, policy, "1" if on_host else "0"], env=env,
+    flags = ["1" if on_host else "0", "1" if own_cores else "0"]
+    proc = subprocess.run([sys.executable, "-c", CHILD, policy, *flags], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("SEEN ")]
@@ -53,33 +55,40 @@ def test_idle_lowers_every_gloo_loop_thread_and_collectives_still_run():
     seen = _child("idle")
     assert seen["threads"] >= 2  # one per gloo group
     assert seen["lowered"] == seen["threads"] and seen["again"] == 0
-    assert all(seen["idle"])
+    assert all(seen["idle"]) and seen["yielding"]
     assert seen["x"] == [1.0] * 4
 
 
-def test_normal_and_auto_on_a_gpu_worker_leave_the_threads_as_gloo_started_them():
-    for policy, on_host in (("normal", True), ("auto", False)):
-        seen = _child(policy, on_host)
+def test_normal_and_auto_without_cores_of_its_own_leave_the_threads_as_gloo_started_them():
+    for policy, on_host, own in (("normal", True, True), ("auto", False, True), ("auto", True, False)):
+        seen = _child(policy, on_host, own)
         assert seen["threads"] >= 2
-        assert seen["lowered"] == 0
+        assert seen["lowered"] == 0 and not seen["yielding"]
         assert not any(seen["idle"])
 
 
-def test_auto_lowers_where_compute_fills_the_cores():
-    seen = _child("auto", True)  # the child runs as many torch threads as it has cores
+def test_auto_lowers_a_host_worker_on_cores_of_its_own_that_compute_fills():
+    seen = _child("auto", True, True)  # the child runs as many torch threads as it has cores
     assert seen["lowered"] == seen["threads"] >= 2
 
 
-def test_compute_fills_cores_compares_threads_with_the_affinity(monkeypatch):
+def test_the_policy_table(monkeypatch):
+    """auto needs all three: compute on the host, cores of its own, torch threads filling
+    them; idle and normal ignore them."""
     import torch
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
-    assert compute_fills_cores(on_host=True)
-    assert not compute_fills_cores(on_host=False)
+    assert compute_fills_cores()
+    assert lowers("auto", on_host=True, own_cores=True)
+    assert not lowers("auto", on_host=False, own_cores=True)
+    assert not lowers("auto", on_host=True, own_cores=False)
+    assert lowers("idle", on_host=False, own_cores=False)
+    assert not lowers("normal", on_host=True, own_cores=True)
     if cores > 1:
         monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
-        assert not compute_fills_cores(on_host=True)
+        assert not compute_fills_cores()
+        assert not lowers("auto", on_host=True, own_cores=True)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux /proc")

@@ -282,7 +282,7 @@ class PushPull:
             return
         if not self._threads_set:  # a group's loop thread named only after init() looked (commthreads.py)
             self._threads_set = True
-            yield_loop_threads(self.ctx.comm.gloo_thread, on_host=self.ctx.device.type == "cpu")
+            yield_loop_threads()
         t_fin = time.perf_counter()
         try:
             for i, t in enumerate(tensors):

@@ -88,6 +88,6 @@ def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) 
             nccl_environment()
             nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl", **nccl_group_options(ctx.device))
         member = ctx.rank in ranks
-        yield_loop_threads(ctx.comm.gloo_thread, on_host=ctx.device.type == "cpu")  # the new group's thread too
+        yield_loop_threads()  # the new group's thread too
         out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
     return out

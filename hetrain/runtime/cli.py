@@ -35,8 +35,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="all-reduce buckets: tuned (default: DDP's sizes, then larger ones, each for a few steps; "
                         "the fastest measured is kept) or ddp (a 1 MiB first bucket, then 25 MiB)")
     p.add_argument("--gloo-thread", choices=["auto", "idle", "normal"], default="auto",
-                   help="gloo's socket thread: auto (default: run it only on core time compute leaves, where "
-                        "compute fills the worker's cores), idle (always), normal (as gloo starts it)")
+                   help="gloo's socket threads: auto (default: run them only on core time compute leaves, on "
+                        "workers pinned to cores of their own that compute fills), idle (always), normal (as gloo "
+                        "starts them)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")

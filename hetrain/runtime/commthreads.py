@@ -5,8 +5,7 @@ sockets; the collective itself runs on another thread (`pt_gloo_runloop`), which
 connection's lock while it posts a send or a receive. When data arrives, the loop thread
 wakes and, finding that lock held, skips the connection and polls again at once: epoll is
 level-triggered, so it spins (gloo's own tracker calls this out: "Don't busy-spin in tcp
-transport's event loop", pytorch/gloo#246). Where the two threads share a core (a worker
-with a core of its own, or any worker whose compute threads fill its cores), the woken
+transport's event loop", pytorch/gloo#246). Where the two threads share a core, the woken
 loop thread preempts the lock holder and spins for a whole scheduler slice, about 3 ms,
 before the holder runs again, once or more per collective. Measured on the bench host (2
 ranks, a core each, torch 2.13): a 2.2 MB all-reduce took 3.7 ms, a 4 KB one 2 ms on
@@ -16,10 +15,14 @@ thread it is waiting for, and an idle core still serves the socket at once.
 
 The cost: while every thread of the core computes, the loop thread does not read, so a
 collective issued during backward makes progress only when compute pauses (the kernel
-still receives into the socket buffer). With a core per worker that progress was never
-free: it took its time from backward. Policy (`CommConfig.gloo_thread`): `auto` lowers the
-thread where compute fills the process's cores (torch's thread count at least its core
-count) and the worker computes on the host; `idle` always; `normal` never.
+still receives into the socket buffer). Where compute fills the cores that progress was
+never free: it took its time from backward. Where other processes share the cores (a
+summation server, data-loading workers, several workers on one host), their threads
+would starve it too, and an exchange would wait on work that is not its own. Policy
+(`CommConfig.gloo_thread`): `auto` lowers the threads of a worker that computes on the
+host, on cores of its own (the launcher pins a machine with `threads: N` to N cores no
+other process gets, runtime/cores.py) that its torch threads fill; `idle` lowers them
+everywhere; `normal` never.
 
 So the wait for a collective is no idle time either: the thread waiting on its result is
 what lets the socket thread run. Work meant for that wait (`PushPull.while_waiting`) runs
@@ -36,12 +39,8 @@ from pathlib import Path
 from .env import GlooThread
 
 LOOP_THREAD = "gloo_tcp_loop"  # the name gloo gives its tcp transport's event loop
+_active = False  # this process's policy lowers its loop threads (set by `configure`)
 _lowered: set[int] = set()  # loop threads this process lowered
-
-
-def yielding() -> bool:
-    """Whether this process's gloo loop threads run only on time compute leaves."""
-    return bool(_lowered)
 
 
 def loop_threads(name: str = LOOP_THREAD) -> list[int]:
@@ -60,24 +59,41 @@ def loop_threads(name: str = LOOP_THREAD) -> list[int]:
     return tids
 
 
-def compute_fills_cores(on_host: bool) -> bool:
-    """Whether this process's compute threads occupy every core it may run on: then the
-    loop thread can only run by taking a core from compute."""
-    if not on_host or not hasattr(os, "sched_getaffinity"):
+def compute_fills_cores() -> bool:
+    """Whether this process's torch threads occupy every core it may run on."""
+    if not hasattr(os, "sched_getaffinity"):
         return False
     import torch
 
     return torch.get_num_threads() >= len(os.sched_getaffinity(0))
 
 
-def yield_loop_threads(policy: GlooThread, on_host: bool) -> int:
-    """Apply `policy` to every gloo loop thread that exists now (one per gloo process
-    group). A thread names itself once it runs, so one just started can be missed: call
-    after the groups are made and again before the first exchange (runtime/context.py,
-    comm/engine.py); threads lowered before are skipped. Returns how many were lowered now."""
-    if policy == "normal" or (policy == "auto" and not compute_fills_cores(on_host)):
-        return 0
-    if not hasattr(os, "SCHED_IDLE"):
+def lowers(policy: GlooThread, on_host: bool, own_cores: bool) -> bool:
+    """Whether `policy` lowers this process's loop threads (see the module docstring)."""
+    if policy == "auto":
+        return on_host and own_cores and compute_fills_cores()
+    return policy == "idle"
+
+
+def configure(policy: GlooThread, on_host: bool, own_cores: bool) -> int:
+    """Decide once for this process (after `init()` made its groups) and lower the loop
+    threads that exist now. Returns how many were lowered."""
+    global _active
+    _active = lowers(policy, on_host, own_cores)
+    return yield_loop_threads()
+
+
+def yielding() -> bool:
+    """Whether this process's gloo loop threads run only on time compute leaves."""
+    return _active and bool(_lowered)
+
+
+def yield_loop_threads() -> int:
+    """Lower every gloo loop thread that exists now and was not lowered before, if this
+    process's policy says so (`configure`). A thread names itself once it runs, so one
+    just started can be missed: groups made later (comm/group.py) and the first exchange
+    (comm/engine.py) call this again. Returns how many were lowered now."""
+    if not _active or not hasattr(os, "SCHED_IDLE"):
         return 0
     lowered = 0
     for tid in loop_threads():

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from .auth import admit, load_secret
-from .commthreads import yield_loop_threads
+from .commthreads import configure
 from .devices import Backends, bind, nccl_environment, nccl_group_options, plan_backends
 from .env import CommConfig, ProcEnv
 from .heartbeat import Heartbeat, mark_leaving, stale_ranks
@@ -254,7 +254,8 @@ def init() -> Context:
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
         lanes = [dist.new_group(list(range(env.world_size)), timeout=wait, backend="gloo") for _ in range(extra)]
     # every gloo group exists now: its socket thread yields the core to compute (commthreads.py)
-    yield_loop_threads(env.comm.gloo_thread, on_host=device.type == "cpu")
+    pinned = bool(me.machine.threads) and len(os.sched_getaffinity(0)) == me.machine.threads  # runtime/cores.py
+    configure(env.comm.gloo_thread, on_host=device.type == "cpu", own_cores=me.role == "worker" and pinned)
     if env.origin == "hetrain":
         store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for

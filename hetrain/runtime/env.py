@@ -105,7 +105,7 @@ class CommConfig(BaseModel):
     # all-reduce buckets: DDP's sizes, then larger ones tried on the running job, the fastest
     # kept (comm/buckets.py); or DDP's sizes throughout
     buckets: Buckets = "tuned"
-    # gloo's socket thread: SCHED_IDLE where compute fills the cores (runtime/commthreads.py)
+    # gloo's socket threads: SCHED_IDLE on workers pinned to cores their compute fills (runtime/commthreads.py)
     gloo_thread: GlooThread = "auto"
 
     def __init__(self, **data) -> None:
