@@ -108,21 +108,22 @@ def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
     """This worker's forward+backward time as fixed + per-sample seconds, fitted on three
     batch sizes (half, one and one and a half equal shares: the range balanced shares
     take), all workers at once as in training (shared cores are shared here too); the
-    median step per size. A per-sample cost alone would charge a small share the fixed
-    part of a pass (Python, kernel launches) it does not shrink by."""
+    median step per size. The sizes take turns (a round of each, `speed_steps` rounds, the
+    first dropped), so a host whose speed drifts during the measurement moves every size
+    alike rather than tilting the fit. A per-sample cost alone would charge a small share
+    the fixed part of a pass (Python, kernel launches) it does not shrink by."""
     xtr, ytr = data[0], data[1]
     b = a.global_batch // nw
     sizes = [max(1, b // 2), b, b + b // 2]
-    med = []
-    for n in sizes:
-        idx = torch.arange(rank * n, (rank + 1) * n) % len(xtr)
-        ts = []
-        for _ in range(a.speed_steps):
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(a.speed_steps):
+        for k, n in enumerate(sizes):
+            idx = torch.arange(rank * n, (rank + 1) * n) % len(xtr)
             model.zero_grad()
             t = time.perf_counter()
             F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
-            ts.append(time.perf_counter() - t)
-        med.append(float(np.median(ts[2:])))
+            times[k].append(time.perf_counter() - t)
+    med = [float(np.median(ts[1:])) for ts in times]
     per, fixed = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(med), 1)
     mine = torch.tensor([med[1] / b, max(0.0, float(fixed)), max(1e-12, float(per))], dtype=torch.float64)
     allp = [torch.zeros_like(mine) for _ in range(nw)]
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--speed-steps", type=int, default=8)
+    ap.add_argument("--speed-steps", type=int, default=12, help="rounds of the three sizes in a speed measurement")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ctx = hetrain.init()
