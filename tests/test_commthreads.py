@@ -73,8 +73,8 @@ def test_auto_lowers_a_host_worker_on_cores_of_its_own_that_compute_fills():
 
 
 def test_the_policy_table(monkeypatch):
-    """auto needs all three: compute on the host, cores of its own, torch threads filling
-    them; idle and normal ignore them."""
+    """auto needs all four: an all-reduce job, compute on the host, cores of its own,
+    torch threads filling them; idle and normal ignore them."""
     import torch
 
     cores = len(os.sched_getaffinity(0))
@@ -83,6 +83,7 @@ def test_the_policy_table(monkeypatch):
     assert lowers("auto", on_host=True, own_cores=True)
     assert not lowers("auto", on_host=False, own_cores=True)
     assert not lowers("auto", on_host=True, own_cores=False)
+    assert not lowers("auto", on_host=True, own_cores=True, all_reduce=False)  # servers feed it mid-backward
     assert lowers("idle", on_host=False, own_cores=False)
     assert not lowers("normal", on_host=True, own_cores=True)
     if cores > 1:

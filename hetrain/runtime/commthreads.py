@@ -18,11 +18,14 @@ collective issued during backward makes progress only when compute pauses (the k
 still receives into the socket buffer). Where compute fills the cores that progress was
 never free: it took its time from backward. Where other processes share the cores (a
 summation server, data-loading workers, several workers on one host), their threads
-would starve it too, and an exchange would wait on work that is not its own. Policy
-(`CommConfig.gloo_thread`): `auto` lowers the threads of a worker that computes on the
-host, on cores of its own (the launcher pins a machine with `threads: N` to N cores no
-other process gets, runtime/cores.py) that its torch threads fill; `idle` lowers them
-everywhere; `normal` never.
+would starve it too, and an exchange would wait on work that is not its own. And where
+summation servers send while the worker computes (modes byteps, ps, colocated), reading
+their partitions during backward is the overlap itself. Policy
+(`CommConfig.gloo_thread`): `auto` lowers the threads of a worker of an all-reduce job
+(`--mode allreduce`: every exchange a collective among workers that all compute) that
+computes on the host, on cores of its own (the launcher pins a machine with `threads: N`
+to N cores no other process gets, runtime/cores.py) that its torch threads fill; `idle`
+lowers them everywhere; `normal` never.
 
 So the wait for a collective is no idle time either: the thread waiting on its result is
 what lets the socket thread run. Work meant for that wait (`PushPull.while_waiting`) runs
@@ -68,18 +71,18 @@ def compute_fills_cores() -> bool:
     return torch.get_num_threads() >= len(os.sched_getaffinity(0))
 
 
-def lowers(policy: GlooThread, on_host: bool, own_cores: bool) -> bool:
+def lowers(policy: GlooThread, on_host: bool, own_cores: bool, all_reduce: bool = True) -> bool:
     """Whether `policy` lowers this process's loop threads (see the module docstring)."""
     if policy == "auto":
-        return on_host and own_cores and compute_fills_cores()
+        return all_reduce and on_host and own_cores and compute_fills_cores()
     return policy == "idle"
 
 
-def configure(policy: GlooThread, on_host: bool, own_cores: bool) -> int:
+def configure(policy: GlooThread, on_host: bool, own_cores: bool, all_reduce: bool = True) -> int:
     """Decide once for this process (after `init()` made its groups) and lower the loop
     threads that exist now. Returns how many were lowered."""
     global _active
-    _active = lowers(policy, on_host, own_cores)
+    _active = lowers(policy, on_host, own_cores, all_reduce)
     return yield_loop_threads()
 
 

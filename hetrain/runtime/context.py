@@ -255,7 +255,8 @@ def init() -> Context:
         lanes = [dist.new_group(list(range(env.world_size)), timeout=wait, backend="gloo") for _ in range(extra)]
     # every gloo group exists now: its socket thread yields the core to compute (commthreads.py)
     pinned = bool(me.machine.threads) and len(os.sched_getaffinity(0)) == me.machine.threads  # runtime/cores.py
-    configure(env.comm.gloo_thread, on_host=device.type == "cpu", own_cores=me.role == "worker" and pinned)
+    configure(env.comm.gloo_thread, on_host=device.type == "cpu", own_cores=me.role == "worker" and pinned,
+              all_reduce=env.comm.mode == "allreduce")
     if env.origin == "hetrain":
         store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for
