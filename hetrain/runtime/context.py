@@ -254,7 +254,8 @@ def init() -> Context:
         extra = max(lanes_for([p.share for p in topo.servers], env.comm.max_lanes)) - 1
         lanes = [dist.new_group(list(range(env.world_size)), timeout=wait, backend="gloo") for _ in range(extra)]
     # every gloo group exists now: its socket thread yields the core to compute (commthreads.py)
-    pinned = bool(me.machine.threads) and len(os.sched_getaffinity(0)) == me.machine.threads  # runtime/cores.py
+    pinned = (bool(me.machine.threads) and hasattr(os, "sched_getaffinity")  # runtime/cores.py pinned it
+              and len(os.sched_getaffinity(0)) == me.machine.threads)
     configure(env.comm.gloo_thread, on_host=device.type == "cpu", own_cores=me.role == "worker" and pinned,
               all_reduce=env.comm.mode == "allreduce")
     if env.origin == "hetrain":
