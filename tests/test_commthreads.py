@@ -15,6 +15,9 @@ from hetrain.runtime.commthreads import compute_fills_cores, lowers, loop_thread
 from hetrain.runtime.env import CommConfig
 
 ROOT = Path(__file__).parents[1]
+# the policy reads thread names from /proc and sets SCHED_IDLE, both Linux's; elsewhere it
+# lowers nothing (commthreads.py) and there is nothing to check
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="thread names and SCHED_IDLE are Linux-only")
 
 CHILD = r"""
 import json, os, sys, torch, torch.distributed as dist
@@ -24,10 +27,10 @@ torch.set_num_threads(len(os.sched_getaffinity(0)))  # compute fills the cores
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 dist.new_group([0], backend="gloo")  # a second group: a second loop thread
 import time
-for _ in range(500):  # each loop thread names itself once it runs
-    if len(loop_threads()) >= 2:
-        break
-    time.sleep(0.01)
+deadline = time.monotonic() + 10  # each loop thread names itself once it runs: wait for that, bounded
+while len(loop_threads()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.005)
+assert len(loop_threads()) >= 2, "gloo's loop threads did not name themselves within 10 s"
 lowered = configure(policy, on_host, own)
 again = yield_loop_threads()  # threads lowered before are skipped
 tids = loop_threads()
@@ -50,7 +53,7 @@ def _child(policy: str, on_host: bool = True, own_cores: bool = True) -> dict:
     return json.loads(line[5:])
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+@linux_only
 def test_idle_lowers_every_gloo_loop_thread_and_collectives_still_run():
     seen = _child("idle")
     assert seen["threads"] >= 2  # one per gloo group
@@ -59,6 +62,7 @@ def test_idle_lowers_every_gloo_loop_thread_and_collectives_still_run():
     assert seen["x"] == [1.0] * 4
 
 
+@linux_only
 def test_normal_and_auto_without_cores_of_its_own_leave_the_threads_as_gloo_started_them():
     for policy, on_host, own in (("normal", True, True), ("auto", False, True), ("auto", True, False)):
         seen = _child(policy, on_host, own)
@@ -67,11 +71,13 @@ def test_normal_and_auto_without_cores_of_its_own_leave_the_threads_as_gloo_star
         assert not any(seen["idle"])
 
 
+@linux_only
 def test_auto_lowers_a_host_worker_on_cores_of_its_own_that_compute_fills():
     seen = _child("auto", True, True)  # the child runs as many torch threads as it has cores
     assert seen["lowered"] == seen["threads"] >= 2
 
 
+@linux_only
 def test_the_policy_table(monkeypatch):
     """auto needs all four: an all-reduce job, compute on the host, cores of its own,
     torch threads filling them; idle and normal ignore them."""
@@ -92,7 +98,7 @@ def test_the_policy_table(monkeypatch):
         assert not lowers("auto", on_host=True, own_cores=True)
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from Linux /proc")
+@linux_only
 def test_loop_threads_finds_threads_by_their_kernel_name():
     """A thread that names itself (prctl PR_SET_NAME, as gloo's loop does) is found by
     that name, and only it."""
@@ -113,16 +119,10 @@ def test_loop_threads_finds_threads_by_their_kernel_name():
     try:
         assert named.wait(30)
         assert loop_threads("hetrain_probe") == tid
+        assert loop_threads("hetrain_other") == []
     finally:
         done.set()
         t.join()
-    import time
-
-    for _ in range(500):  # the OS thread ends a moment after join() returns
-        if not loop_threads("hetrain_probe"):
-            break
-        time.sleep(0.01)
-    assert loop_threads("hetrain_probe") == []
 
 
 def test_a_bad_policy_names_the_flag():
