@@ -328,8 +328,8 @@ class PushPull:
     def _idle_task(self) -> Callable[[], None] | None:
         """The task for this step's wait, unless the wait is not idle: where gloo's socket
         thread yields to this process's threads (runtime/commthreads.py), work done in
-        the wait delays the exchange itself (measured: 0.5 to 1 ms per step on a core
-        per worker), so the task then runs where it would without a wait."""
+        the wait delays the exchange itself (docs/hps.md has the figures), so the task
+        then runs where it would without a wait."""
         if self._idle is None or yielding():
             return None
         return self._idle()

@@ -88,6 +88,6 @@ def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) 
             nccl_environment()
             nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl", **nccl_group_options(ctx.device))
         member = ctx.rank in ranks
-        yield_loop_threads()  # the new group's thread too
         out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
+    yield_loop_threads()  # the new groups' gloo threads yield as init()'s do (runtime/commthreads.py)
     return out

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import get_args
 
 from ..cluster.spec import load_cluster
 from ..errors import UserError
-from .env import CommConfig
+from .env import CommConfig, GlooThread
 from .topology import MODES
 
 
@@ -34,10 +35,10 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buckets", choices=["tuned", "ddp"], default="tuned",
                    help="all-reduce buckets: tuned (default: DDP's sizes, then larger ones, each for a few steps; "
                         "the fastest measured is kept) or ddp (a 1 MiB first bucket, then 25 MiB)")
-    p.add_argument("--gloo-thread", choices=["auto", "idle", "normal"], default="auto",
-                   help="gloo's socket threads: auto (default: run them only on core time compute leaves, on "
-                        "workers pinned to cores of their own that compute fills), idle (always), normal (as gloo "
-                        "starts them)")
+    p.add_argument("--gloo-thread", choices=get_args(GlooThread), default="auto",
+                   help="gloo's socket threads: auto (default: run them only on core time compute leaves, on the "
+                        "workers of an all-reduce job pinned to cores of their own that compute fills), idle "
+                        "(always), normal (as gloo starts them)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
