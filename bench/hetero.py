@@ -201,7 +201,8 @@ def real(tmp, q) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repeats and steps, a lower accuracy target (about 10 min on a 2-core host)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer repeats and steps, a lower accuracy target (about 10 min on a 2-core host)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--only", nargs="*", choices=["straggler", "interference", "overlap", "quant", "real"])
     a = ap.parse_args(argv)

@@ -204,7 +204,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                      "fixed_s": np.median([r["fixed_s"] for r in speed_runs], axis=0).tolist(),
                      "slope_s": np.median([r["slope_s"] for r in speed_runs], axis=0).tolist(),
                      "per_sample_s_in_run": _run_speeds(res_uneven, skip).tolist(),
-                     "equal_compute_ddp_s": float(np.median(equal)), "compute_saved_s": float(np.median(saved)), "ideal_over_ddp": float(np.median(ideal)),
+                     "equal_compute_ddp_s": float(np.median(equal)), "compute_saved_s": float(np.median(saved)),
+                     "ideal_over_ddp": float(np.median(ideal)),
                      "ideal_repeats": ideal.tolist(),
                      "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
     for kind in ("balanced", "accumulate"):

@@ -267,7 +267,9 @@ def main(argv=None) -> int:
                 runs += one_run(a, kind, rep, ctx, data)
                 prof.disable()
         with open(os.environ["BENCH_CPROFILE"], "w") as fh:
-            prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof"); pstats.Stats(prof, stream=fh).sort_stats(os.environ.get("BENCH_CPROFILE_SORT", "tottime")).print_stats(80)
+            prof.dump_stats(os.environ["BENCH_CPROFILE"] + ".prof")
+            order = os.environ.get("BENCH_CPROFILE_SORT", "tottime")  # or cumulative
+            pstats.Stats(prof, stream=fh).sort_stats(order).print_stats(80)
     else:
         runs = [r for rep in range(a.repeats) for kind in a.kinds.split(",") for r in one_run(a, kind, rep, ctx, data)]
     if hetrain.rank() == 0:

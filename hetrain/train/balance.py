@@ -328,8 +328,9 @@ class Balancer:
         needed). Called from the optimizer's exchange while it waits for the step's last
         bucket (`PushPull.while_waiting`), so the re-plan takes time the wait would idle
         rather than the critical path between steps (not where gloo's socket threads
-        yield to this process: there the wait is theirs, runtime/commthreads.py). Same shares, same rows as `update`
-        would give; does nothing without an exchange in flight."""
+        yield to this process: there the wait is theirs, runtime/commthreads.py). Same
+        shares, same rows as `update` would give; does nothing without an exchange in
+        flight."""
         if self.lockstep and self._pending is not None and not self._prefetched:
             self._complete_pending()
             self._prefetched = True
