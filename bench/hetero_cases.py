@@ -6,7 +6,10 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             interleaved repeats of hetrain's samples/s / DDP's in the same repeat.
   uneven    worker 1 runs `SLOW` extra forward passes (real compute, backward once):
             DDP (equal shares), hetrain "unequal" (local batches by speed) and
-            "accumulate" (equal micro-batches of MICRO, a count per worker). The ideal
+            "accumulate" (equal micro-batches of MICRO, a count per worker), and
+            "tail" (unequal, with TAIL of every step claimed while it runs, in about
+            TAIL_CHUNKS chunks per worker: hetrain.train.tail; `arrival_skew_ms` is
+            the mean gap between the workers' ends of backward). The ideal
             comes from the workers' speeds measured in each repeat just before its runs
             (forward+backward alone, all workers at once, at half, one and one and a half
             equal shares, fitted as fixed + slope x samples; the speeds seen inside
@@ -44,6 +47,7 @@ MODELS = ("mlp", "cnn", "transformer")
 SLOW = 3  # extra forward passes on the slow worker (about 2x its forward+backward)
 TARGET = 0.85
 MICRO = 64  # accumulate's micro-batch: 8 per global batch of 512
+TAIL, TAIL_CHUNKS = 0.2, 2  # the tail kind's share of each step claimed while it runs, chunks per worker
 
 
 def _steps(run: dict, skip: int) -> np.ndarray:
@@ -174,6 +178,13 @@ def _slowest_compute(run: dict, skip: int) -> float:
     return float(np.max(np.median(ph[:, :, 1] + ph[:, :, 2], axis=1)))
 
 
+def _skew(run: dict, skip: int) -> float:
+    """Mean over measured steps of the gap between the first and the last worker's end of
+    backward (the host's monotonic clock, comparable across the workers of one host)."""
+    t3 = _steps(run, skip)[:, :, 8]
+    return float(np.mean(t3.max(axis=0) - t3.min(axis=0)))
+
+
 def _per_repeat(res: dict, kind: str) -> list[dict]:
     return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
 
@@ -208,7 +219,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                      "ideal_over_ddp": float(np.median(ideal)),
                      "ideal_repeats": ideal.tolist(),
                      "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
-    for kind in ("balanced", "accumulate"):
+    for kind in ("balanced", "accumulate", "tail"):
         runs = _per_repeat(res_uneven, kind)
         if not runs:
             continue
@@ -221,7 +232,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
         out["uneven"][kind] = {"samples_per_s": float(np.median([_sps(r, gb, skip) for r in runs])),
                                "over_ddp": float(np.median(gain)), "over_ideal": over_ideal,
                                "over_ideal_repeats": frac.tolist(), "mean_shares": [round(float(v), 1) for v in shares],
-                               "final_acc": float(np.median([r["final_acc"] for r in runs]))}
+                               "final_acc": float(np.median([r["final_acc"] for r in runs])),
+                               "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3)}
     out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
     if "accumulate" in out["uneven"]:
         out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
@@ -258,8 +270,9 @@ def run_cases(launch, tmp, quick: bool) -> dict:
         print(f"  real {model}: even (hetrain equal shares vs DDP), then uneven", flush=True)
         even = launch(f"real-{model}-even", pinned, ["--model", model, "--kinds", "ddp+even", *common])
         uneven = launch(f"real-{model}-uneven", pinned,
-                        ["--model", model, "--kinds", "speed,ddp+balanced+accumulate", "--slow", f"0,{SLOW}",
-                         "--eval-every", str(EVAL_EVERY), *common])
+                        ["--model", model, "--kinds", "speed,ddp+balanced+accumulate+tail", "--slow", f"0,{SLOW}",
+                         "--eval-every", str(EVAL_EVERY), "--tail", str(TAIL), "--tail-chunks", str(TAIL_CHUNKS),
+                         *common])
         case = summarize(even, uneven, gb, skip)
         single = single_process_accs(model, gb, steps, lr, reps - 1)
         case["single_process_acc"] = late_accuracy(single)
@@ -311,6 +324,13 @@ def table(r: dict) -> list[str]:
                      f"{u['accumulate']['over_ideal']:>9.2f}{c['single_process_acc']:>11.4f}"
                      f"{c['acc_same_samples']['accumulate']:>10.4f}{f(t['ddp']):>8}{f(t['balanced']):>9}"
                      f"{f(t['accumulate']):>8}")
+    for m in MODELS:
+        u = r.get(m, {}).get("uneven", {})
+        if "tail" in u:
+            lines.append(f"{m} with a dynamic tail ({TAIL:.0%} of each step claimed while it runs, about {TAIL_CHUNKS} "
+                         f"chunks per worker): {u['tail']['over_ddp']:.3f}x DDP ({u['tail']['over_ideal']:.2f} of "
+                         f"ideal); end-of-backward skew {u['balanced']['arrival_skew_ms']:.1f} ms without, "
+                         f"{u['tail']['arrival_skew_ms']:.1f} ms with")
     if "mlp_ddp_buckets" in r:
         lines.append(f"mlp even with DDP's bucket plan kept (--buckets ddp): {r['mlp_ddp_buckets']['even_over_ddp']:.3f}x "
                      "DDP (the row above: buckets tuned)")

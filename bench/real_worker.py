@@ -15,6 +15,7 @@ Kinds, run interleaved (`--kinds ddp,even,balanced,...`, every repeat runs each 
   even       hetrain, equal shares (BalancedLoader balance="equal"), overlap on
   balanced   hetrain, measured shares, unequal local batches, batch-weighted average
   accumulate hetrain, measured counts of equal micro-batches (gradient accumulation)
+  tail       balanced, with the end of every step claimed while it runs (`--tail`, `--tail-chunks`)
 Rank 0 writes per-step wall times, shares, per-phase times and accuracies as JSON.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 import hetrain
 from hetrain.demo.digits import load_digits_split
+from hetrain.train.balance import BalanceConfig
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.sampler import GlobalBatchSampler
 
@@ -156,7 +158,8 @@ class Runner:
             self.loader = BalancedLoader((xtr, ytr), a.global_batch, optimizer=self.opt, seed=rep, device="cpu",
                                          balance="equal" if kind == "even" else "measured",
                                          strategy="accumulate" if kind == "accumulate" else "unequal",
-                                         micro_batch=a.micro_batch)
+                                         micro_batch=a.micro_batch, tail=a.tail if kind == "tail" else 0.0,
+                                         config=BalanceConfig(tail_chunks=a.tail_chunks))
             self.batches = _hetrain_batches(self.loader)
         self.times, self.phases, self.accs = [], [], []
         self.clock = 0.0  # this system's own training time (other systems' steps and evaluation excluded)
@@ -169,9 +172,11 @@ class Runner:
         ta = time.perf_counter()
         self.opt.zero_grad()
         loader = self.loader
-        micro = loader.micro_batches(x, y) if (loader is not None and kind == "accumulate") else [(x, y)]
+        micro = loader.micro_batches(x, y) if loader is not None else [(x, y)]
         tf = tb = 0.0
+        n = 0  # samples trained on (the tail's claimed chunks included)
         for mx, my in micro:
+            n += len(mx)
             t1 = time.perf_counter()
             out = self.net(mx) if len(mx) else None
             t2 = time.perf_counter()
@@ -194,7 +199,7 @@ class Runner:
         t4 = time.perf_counter()
         self.clock += t4 - t0
         self.times.append(self.clock)
-        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, len(x), ta - t0, time.process_time() - c0,
+        self.phases.append((t3 - ta - tf - tb, tf, tb, t35 - t3, t4 - t35, n, ta - t0, time.process_time() - c0,
                             t3, t35))
         self.steps += 1
         if a.eval_every and self.steps % a.eval_every == 0:  # evaluation time is not training time
@@ -244,6 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slow", default="", help="extra no-grad forward passes per worker, e.g. 0,3")
     ap.add_argument("--global-batch", type=int, default=512)
     ap.add_argument("--micro-batch", type=int, default=32)
+    ap.add_argument("--tail", type=float, default=0.2, help="kind tail: the fraction of each step claimed while it runs")
+    ap.add_argument("--tail-chunks", type=int, default=3, help="kind tail: chunks each worker expects per step")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=0)

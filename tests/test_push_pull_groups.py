@@ -71,7 +71,8 @@ def test_make_groups_creates_every_group_on_every_rank_and_refuses_non_workers(m
 
 
 class _Peer:
-    """Stand-in collectives for a group of two: add the other member's contribution."""
+    """Stand-in collectives for a group of two: add the other member's contribution (an
+    all-reduce, or the swap two members make of small host buckets: p2p.Swap)."""
 
     def __init__(self, monkeypatch, group, peer_digest_of, peer_weight, peer_grads, peer_manifest=None):
         self.calls = []
@@ -82,8 +83,19 @@ class _Peer:
         monkeypatch.setattr(dist, "all_reduce", self.all_reduce)
         monkeypatch.setattr(dist, "all_gather", self.all_gather)
         monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
-        for name in ("isend", "irecv", "send", "recv", "reduce", "broadcast"):
+        monkeypatch.setattr(dist, "isend", self.isend)
+        monkeypatch.setattr(dist, "irecv", self.irecv)
+        for name in ("send", "recv", "reduce", "broadcast"):
             monkeypatch.setattr(dist, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} called"))
+
+    def isend(self, t, dst=None, tag=0, group=None):
+        self.calls.append(("isend", group, t.numel()))
+        return _Done()
+
+    def irecv(self, t, src=None, tag=0, group=None):  # the peer's whole bucket: its share (b/Σb)·g
+        self.calls.append(("irecv", group, t.numel()))
+        t.copy_(self.peer_grads[: t.numel()] * (self.peer_weight / self.total))
+        return _Done()
 
     def all_reduce(self, t, group=None, async_op=False):
         self.calls.append(("all_reduce", group, t.numel()))
@@ -131,8 +143,10 @@ def test_group_push_pull_is_the_batch_weighted_average_over_the_group(monkeypatc
         eng.push_pull([(n, t) for (n, _), t in zip(named, ts)], weight=1)
         torch.testing.assert_close(ts[0], torch.full((3, 4), (1 * 2.0 + 3 * 6.0) / 4))
         torch.testing.assert_close(ts[1], torch.full((5,), (1 * -1.0 + 3 * 3.0) / 4))
-    # every collective ran on the group's process group, never the job's
+    # every collective ran on the group's process group, never the job's; the bucket (17
+    # floats, two members) was swapped with the other member, not all-reduced
     assert {g for _, g, _ in peer.calls} == {"stage1-pg"}
+    assert ("irecv", "stage1-pg", 17) in peer.calls and ("all_reduce", "stage1-pg", 17) not in peer.calls
     assert eng.protocol.epoch == 1
 
 
@@ -189,6 +203,8 @@ def test_a_lost_member_is_blamed_on_the_group_s_other_members(monkeypatch):
         raise RuntimeError("Connection closed by peer")
 
     monkeypatch.setattr(dist, "all_reduce", header_then_broken)
+    for name in ("isend", "irecv"):  # two members swap small buckets (p2p.Swap): it fails the same way
+        monkeypatch.setattr(dist, name, lambda *a, **k: broken(None))
     monkeypatch.setattr(dist, "all_gather", lambda out, t, group=None: [o.copy_(t) for o in out])
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     eng = PushPull(ctx, group)

@@ -72,8 +72,9 @@ class _LazyScale:
     """This worker's factor b_i / Σb (1 to sum), known once the step header is in:
     calling it waits for the header (the first time only) and checks it."""
 
-    def __init__(self, wait, weight: int, average: bool):
+    def __init__(self, wait, weight: int, average: bool, denominator: int | None = None):
         self.wait, self.weight, self.average = wait, weight, average
+        self.denominator = denominator  # the caller's total, when it gave one (see PushPull.begin)
         self.value: float | None = None
         self.total = -1
 
@@ -82,7 +83,7 @@ class _LazyScale:
             self.total = self.wait()
             if self.average and self.total == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
-            self.value = (self.weight / self.total) if self.average else 1.0
+            self.value = (self.weight / (self.denominator or self.total)) if self.average else 1.0
         return self.value
 
 
@@ -172,10 +173,13 @@ class PushPull:
         ("forward" or "backward", default: backward when overlapped) is the order in which
         the pieces will be handed over; collectives among workers follow it.
 
-        `total` (all-reduce mode): Σ of every worker's weight this step, when the caller
-        knows it (BalancedLoader agrees on every worker's share). With the layout the
+        `total` (all-reduce mode): the samples every worker's gradients cover together this
+        step, when the caller knows it (BalancedLoader agrees on every worker's share):
+        each worker scales by weight / total. It is Σ weights, except where a worker's
+        gradient also carries samples claimed after its weight was set (BalancedLoader's
+        dynamic tail, which scales those by 1 / weight like the rest). With the layout the
         workers agreed on, the step then needs no header collective at all, as in DDP:
-        each worker scales by weight / total and the buckets are its only collectives.
+        the buckets are its only collectives.
         Only a tensor list that changes on one worker mid-job is not named then (its
         collectives fail or time out instead of the mismatch message of a header).
         """
@@ -204,9 +208,9 @@ class PushPull:
             elif device.type == "cpu" and digest == self.protocol.digest:
                 wait = self.protocol.header_start(manifest, weight, digest)
                 # the agreed layout: read the header at the first bucket (it runs meanwhile)
-                scale = _LazyScale(wait, weight, average)
+                scale = _LazyScale(wait, weight, average, total)
             else:  # a new layout (or a device staging that scales while filling): agree now
-                scale = _LazyScale(self.protocol.header_start(manifest, weight, digest), weight, average)()
+                scale = _LazyScale(self.protocol.header_start(manifest, weight, digest), weight, average, total)()
         else:  # the servers weight each machine's push (they learn b_i from the announcement)
             control, agreed_total = self.protocol.announce(manifest, weight, average)
             # several workers on a machine add b_l·g_l locally; the servers divide by Σb

@@ -214,12 +214,21 @@ class ServerTransport(Transport):
 class AllReduceTransport(Transport):
     """Buckets all-reduced among the workers as soon as they are complete, in a fixed
     order (every worker must issue collectives in the same order). The workers are the
-    job's, or a subgroup's (`group`, a `comm.group.Group`: a pipeline stage's replicas)."""
+    job's, or a subgroup's (`group`, a `comm.group.Group`: a pipeline stage's replicas).
+
+    Two members with host buffers swap small buckets instead (`p2p.Swap`: one round, not
+    gloo's two), up to `SWAP_BUCKET_BYTES` a bucket and `SWAP_SCRATCH_BYTES` of receive
+    buffers in all; larger buckets are bandwidth-bound and keep gloo's ring."""
+
+    SWAP_BUCKET_BYTES = 1 << 20
+    SWAP_SCRATCH_BYTES = 8 << 20
 
     def __init__(self, ctx, group=None):
         super().__init__(ctx)
         self._group = group
         self.caps: BucketCaps = DDP_CAPS  # the engine's bucket tuner may change it (comm/buckets.py)
+        self._scratch: dict[int, object] = {}  # receive buffers of swapped buckets, for `_scratch_layout`
+        self._scratch_layout = None
 
     @property
     def members(self):
@@ -257,9 +266,28 @@ class AllReduceTransport(Transport):
         self.ready: set[int] = set()
         self.works: deque = deque()
         self.group = self.members.nccl if staging.on_device else self.members.gloo
+        if self._scratch_layout is not self.layout:  # new buckets: new receive buffers
+            self._scratch, self._scratch_layout = {}, self.layout
+            if not staging.on_device and self.members.size == 2:
+                room = self.SWAP_SCRATCH_BYTES
+                for pid, part in enumerate(self.layout.parts):
+                    if part.length * 4 <= min(self.SWAP_BUCKET_BYTES, room):
+                        self._scratch[pid] = None  # allocated at its first swap
+                        room -= part.length * 4
 
     def filled(self, pids: list[int]) -> None:
         pass
+
+    def _start(self, pid: int, view):
+        """The bucket's all-reduce, as a swap with the other member where it qualifies."""
+        if pid not in self._scratch or self.staging.on_device:
+            return dist.all_reduce(view, group=self.group, async_op=True)
+        if self._scratch[pid] is None:
+            self._scratch[pid] = view.new_empty(view.shape)
+        me = self.ctx.rank
+        peer = next(r for r in self.members.ranks if r != me)
+        return p2p.Swap(view, self._scratch[pid], peer, p2p.PAIR(pid % p2p.PAIR.size), self.group,
+                        f"swapping bucket {pid}")
 
     def _launch(self) -> None:
         while self.next < len(self.order) and self.order[self.next] in self.ready:
@@ -272,7 +300,7 @@ class AllReduceTransport(Transport):
                 self.ctx.bucket.consume(int(2 * (n - 1) / n * view.numel() * 4))
             self._touch()
             try:
-                work = dist.all_reduce(view, group=self.group, async_op=True)
+                work = self._start(pid, view)
             except RuntimeError as err:
                 raise self.ctx.peer_error(self._what, self._peers, err) from None
             self.works.append((pid, work))

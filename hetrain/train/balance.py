@@ -60,6 +60,10 @@ class BalanceConfig:
     # auto: the one the step-time model predicts faster for the measured workers
     strategy: Literal["auto", "unequal", "accumulate"] = "auto"
     micro_batch: int = 0  # accumulate's micro-batch (0: global batch / (2 x workers), at least 1)
+    # a fraction of every step's samples handed out while the step runs, a chunk at a time,
+    # to whichever worker asks first (hetrain.train.tail): absorbs step-to-step speed noise
+    tail: float = 0.0
+    tail_chunks: int = 3  # tail chunks each worker expects per step (each is a pass: it pays the fixed part)
 
     def __post_init__(self) -> None:
         if self.policy not in ("measured", "equal"):
@@ -76,6 +80,10 @@ class BalanceConfig:
             raise UserError("min_samples must be >= 0")
         if self.strategy not in ("auto", "unequal", "accumulate"):
             raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
+        if not 0.0 <= self.tail < 1.0:
+            raise UserError(f"tail must be a fraction of the batch in [0, 1) (0: off), got {self.tail}")
+        if self.tail_chunks < 1:
+            raise UserError(f"tail_chunks must be >= 1 chunk per worker, got {self.tail_chunks}")
         if self.micro_batch < 0:
             raise UserError(f"micro_batch must be >= 0 samples (0: a default), got {self.micro_batch}")
 

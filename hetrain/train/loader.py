@@ -31,8 +31,6 @@ steady state because one index list is asked for per batch consumed.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
@@ -40,258 +38,12 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..errors import UserError
-from ..perf.steptime import median_spread, spread
-from ..runtime.memory import engine_device_bytes, memory_limit, synchronize
-from .balance import (BalanceConfig, Balancer, Gather, estimate_memory_per_sample,
-                      worker_gather)
-from .sampler import GlobalBatchSampler
+from ..perf.steptime import median_spread
+from ..runtime.memory import engine_device_bytes, memory_limit
+from .balance import BalanceConfig, Balancer, estimate_memory_per_sample
+from .balanced_sampler import BalancedBatchSampler, WorkerGroup, _job_device
 
 __all__ = ["BalancedLoader", "BalancedBatchSampler", "WorkerGroup"]
-
-# the numbers every worker contributes per step (gathered with the step-time fit)
-METRICS = ("samples", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes")
-
-
-@dataclass(frozen=True)
-class WorkerGroup:
-    """Who takes part: this worker's index, how many workers, and how one float64 row per
-    worker is all-gathered. Default: this hetrain job's workers (`hetrain.init()`);
-    tests and custom launchers can pass their own."""
-
-    rank: int
-    size: int
-    gather: Gather  # gather(row) starts the exchange and returns wait() -> (workers x len(row))
-    labels: tuple[str, ...] = ()
-
-
-def _job_group(ctx) -> WorkerGroup:
-    labels = tuple(ctx.topology.worker_labels) if ctx.topology else ("w0",)
-    return WorkerGroup(ctx.rank if ctx.distributed else 0, ctx.num_workers, worker_gather(ctx, "exchanging step "
-                                                                                           "times"), labels)
-
-
-def _job_device(ctx) -> torch.device:
-    """This worker's device (`hetrain.device()`: cuda:<local rank> on a machine with
-    `cuda: true`, else the CPU)."""
-    return getattr(ctx, "device", None) or torch.device("cpu")
-
-
-def _zero_stats() -> tuple[float, float, float, float]:
-    return 0.0, 0.0, 0.0, 0.0
-
-
-class BalancedBatchSampler(torch.utils.data.Sampler):
-    """This worker's indices for every step of an epoch, balanced by measured speed.
-
-    Arguments as for `BalancedLoader` (without the loading ones); `num_samples` is the
-    dataset's length. Iterating gives lists of indices; `len()` is the number of steps.
-    """
-
-    def __init__(self, num_samples: int, global_batch: int, *, seed: int = 0, optimizer=None,
-                 device: torch.device | None = None, drop_last: bool = False,
-                 balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
-                 memory_per_sample: float = 0.0, reserved_bytes: float = 0.0, logger=None,
-                 max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None,
-                 strategy: Literal["auto", "unequal", "accumulate"] | None = None, micro_batch: int | None = None):
-        if num_samples < 1:
-            raise UserError(f"the dataset is empty (0 samples); BalancedLoader needs at least {global_batch}")
-        if global_batch < 1:
-            raise UserError(f"global_batch must be >= 1 sample, got {global_batch}")
-        if group is None:
-            if ctx is None:
-                from ..runtime.context import init
-                ctx = init()
-            group = _job_group(ctx)
-        self.ctx = ctx
-        self.group = group
-        if global_batch < group.size:
-            raise UserError(f"global_batch {global_batch} is smaller than the {group.size} workers; raise it to at "
-                            f"least {group.size} so every worker gets a sample")
-        self.device = device if device is not None else _job_device(ctx)
-        self.drop_last = drop_last
-        self.sampler = GlobalBatchSampler(num_samples, global_batch, group.size, seed=seed)
-        if drop_last and num_samples < global_batch:
-            raise UserError(f"drop_last=True with {num_samples} samples and a global batch of {global_batch} leaves "
-                            "no step; lower the global batch or keep the last partial batch")
-        # async / bounded staleness: equal shares, no per-step collective (it would put
-        # the workers in lock-step)
-        lockstep = ctx is None or not ctx.distributed or ctx.comm.sync == "sync"
-        base = config or BalanceConfig()
-        cfg = BalanceConfig(**{**base.__dict__, "policy": balance if lockstep else "equal",
-                               "memory_per_sample": memory_per_sample or base.memory_per_sample,
-                               "reserved_bytes": reserved_bytes or base.reserved_bytes,
-                               "strategy": strategy or base.strategy,
-                               "micro_batch": base.micro_batch if micro_batch is None else micro_batch})
-        self.balancer = Balancer(ctx, global_batch, cfg, device=self.device, gather=group.gather, caps=max_samples,
-                                 num_workers=group.size, labels=list(group.labels) or None, lockstep=lockstep)
-        self.optimizer = optimizer
-        self.engine = getattr(optimizer, "engine", None)
-        self.logger = logger
-        self._running = 0  # the step handed out last (its index in the epoch)
-        self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
-        self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
-        self.last_rows: np.ndarray | None = None
-        self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
-        self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
-        self._hook_end: tuple | None = None
-        self._hook = None  # handle of the step post-hook on the wrapped optimizer
-
-    def _ensure_hook(self) -> None:
-        """Hook the end of `optimizer.step()` (the wrapped optimizer's step post-hook):
-        the step's compute ends there, before any logging or evaluation the loop does."""
-        if self._hook is None and self.optimizer is not None:
-            inner = getattr(self.optimizer, "_inner", self.optimizer)
-            if hasattr(inner, "register_step_post_hook"):
-                self._hook = inner.register_step_post_hook(self._on_step)
-
-    # -- measurement
-    def _stats(self) -> tuple[float, float, float, float]:
-        st = getattr(self.engine, "stats", None)
-        if st is None:
-            return _zero_stats()
-        return st.comm_s, st.wait_s, getattr(st, "hidden_s", 0.0), float(st.bytes_sent + st.bytes_received)
-
-    def _now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
-
-    def _on_step(self, *_args) -> None:
-        if self._open is not None and self._hook_end is None:
-            self._hook_end = (self._now(), self._stats())
-            self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
-
-    def _begin(self, samples: int, total: int | None = None, passes: int = 1) -> None:
-        self._ensure_hook()
-        if self.engine is not None and hasattr(self.engine, "while_waiting"):
-            self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
-        if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
-            self.optimizer.set_batch_size(samples, total=total)
-        if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
-            # accumulating: the exchange starts on this worker's last micro-batch
-            self.optimizer.backward_passes_per_step = max(1, passes)
-        self._hook_end = None
-        self._open = (samples, time.perf_counter(), self._stats())
-
-    def _end(self) -> None:
-        """Close the step handed out last: measure it, exchange, re-balance, log."""
-        if self._open is None:
-            return
-        samples, t_out, s0 = self._open
-        end, s1 = self._hook_end if self._hook_end is not None else (self._now(), self._stats())
-        self._open = self._hook_end = None
-        comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
-        compute = max(0.0, end - t_out - comm - wait)
-        self.balancer.record(samples, compute)
-        t0 = time.perf_counter()
-        self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
-        self.exchange_s += time.perf_counter() - t0
-        self._log()
-
-    def finish(self) -> None:
-        """End of training (every worker, same point): close the step handed out last if
-        the loop was left early, and complete the exchange still in flight, so the last
-        step is measured, logged and counted. A collective."""
-        self._end()
-        t0 = time.perf_counter()
-        self.balancer.flush()
-        self.exchange_s += time.perf_counter() - t0
-        self._log()
-        if self._hook is not None:  # iterating again re-installs it
-            self._hook.remove()
-            self._hook = None
-
-    def _log(self) -> None:
-        rows = self.balancer.rows
-        if rows is None:
-            return
-        self.last_rows = rows
-        self.spreads.append(spread(rows[:, 1], rows[:, 0]))
-        if self.logger is not None:
-            self.logger.write(self.balancer.rows_step - 1, [dict(zip(METRICS, map(float, r))) for r in rows])
-
-    # -- iteration
-    @property
-    def sizes(self) -> np.ndarray:
-        """Every worker's share of the next step."""
-        return self.balancer.sizes
-
-    def __len__(self) -> int:
-        n = self.sampler.num_samples - self.sampler.offset(self.sampler.epoch)  # a new batch resumed mid-epoch
-        b = self.sampler.global_batch
-        return n // b if self.drop_last else -(-n // b)
-
-    # -- position in the data (committed by an elastic job)
-    @property
-    def epoch(self) -> int:
-        """The epoch the position is in."""
-        return self.sampler.epoch
-
-    @property
-    def step(self) -> int:
-        """Steps of `epoch` done: their updates applied (the wrapped optimizer's step
-        returned) or the next step asked for. `len(self)`: the epoch is over."""
-        return self.sampler.step
-
-    def state_dict(self) -> dict:
-        """The position (epoch, step) and what fixes the data order (seed, sizes). Shares
-        are not kept: a restored job measures its own workers afresh."""
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a position `state_dict` gave: the next iteration yields the
-        remaining steps of its epoch, cut by the shares of this run's workers (the
-        global batches depend on (seed, epoch, step) only, so every remaining sample of
-        the epoch is still seen exactly once, whatever the number of workers)."""
-        self.sampler.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The next iteration runs this epoch from its start (default: the epoch after
-        the last, or the rest of a restored one; setting the restored epoch keeps its
-        position)."""
-        pos = self.sampler
-        if int(epoch) != pos.epoch or pos.step >= len(self):
-            pos.epoch, pos.step = int(epoch), 0
-
-    def epochs(self, num_epochs: int):
-        """Epoch numbers from the position on, below `num_epochs`:
-        `for epoch in loader.epochs(N): for x, y in loader: ...` runs the epochs left
-        (after a restore, the rest of the committed one first)."""
-        pos = self.sampler
-        while True:
-            if pos.step >= len(self):
-                pos.epoch, pos.step = pos.epoch + 1, 0
-            if pos.epoch >= num_epochs:
-                return
-            epoch = pos.epoch
-            yield epoch
-            if pos.epoch == epoch and pos.step < len(self):  # the loop left the epoch early: on to the next
-                pos.epoch, pos.step = epoch + 1, 0
-
-    def _index_arrays(self):
-        pos = self.sampler
-        if pos.step >= len(self):  # the last epoch ran to its end: on to the next
-            pos.epoch, pos.step = pos.epoch + 1, 0
-        epoch, start = pos.epoch, pos.step
-        order = self.sampler.order(epoch)
-        gb, me, off = self.sampler.global_batch, self.group.rank, self.sampler.offset(epoch)
-        for s in range(start, len(self)):
-            if s > start:
-                self._end()
-                pos.step = s  # the step before is over
-            batch = order[off + s * gb: off + (s + 1) * gb]
-            plan = self.balancer.plan if len(batch) == gb else self.balancer.plan_for(len(batch))
-            bounds = np.concatenate([[0], np.cumsum(plan.sizes)])
-            mine = batch[bounds[me]: bounds[me + 1]]
-            self._running = s
-            self.micro = plan.micro if plan.strategy == "accumulate" else 0
-            self._begin(len(mine), int(bounds[-1]), int(-(-len(mine) // self.micro)) if self.micro else 1)
-            yield mine
-        self._end()
-        pos.step = len(self)
-
-    def __iter__(self):
-        for idx in self._index_arrays():
-            yield idx.tolist()
 
 
 class BalancedLoader:
@@ -318,6 +70,10 @@ class BalancedLoader:
                      gradient accumulation, every forward sees the same batch size), or
                      "auto" (default): the one the step-time model predicts faster; loop
                      over `loader.micro_batches(x, y)` to run either.
+      tail           a fraction of every global batch (e.g. 0.2, default 0: off) handed out
+                     while the step runs, in chunks, to whichever worker asks first
+                     (`hetrain.train.tail`): workers whose speed varies from step to step
+                     still finish together. Needs the `loader.micro_batches` loop.
       config         `BalanceConfig` (window, recent, every, min_samples).
       max_samples    optional per-worker limits on top of memory (0: the worker sits out).
       logger         a `hetrain.train.metrics.StepLogger`: per-step shares, times, bytes
@@ -335,7 +91,8 @@ class BalancedLoader:
                  balance: Literal["measured", "equal"] = "measured", config: BalanceConfig | None = None,
                  logger=None, seed: int = 0, drop_last: bool = False, collate_fn=None,
                  max_samples: Sequence[int] | None = None, group: WorkerGroup | None = None, ctx=None,
-                 strategy: Literal["auto", "unequal", "accumulate"] | None = None, micro_batch: int | None = None):
+                 strategy: Literal["auto", "unequal", "accumulate"] | None = None, micro_batch: int | None = None,
+                 tail: float | None = None):
         if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
             dataset = torch.utils.data.TensorDataset(*dataset)
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -378,7 +135,7 @@ class BalancedLoader:
                                             device=self.device, drop_last=drop_last, balance=balance, config=config,
                                             memory_per_sample=memory_per_sample, reserved_bytes=reserved_bytes,
                                             logger=logger, max_samples=max_samples, group=group, ctx=ctx,
-                                            strategy=strategy, micro_batch=micro_batch)
+                                            strategy=strategy, micro_batch=micro_batch, tail=tail)
         if self._tensors is not None and self.device.type != "cpu":
             size = sum(t.numel() * t.element_size() for t in self._tensors)
             if preload is None:
@@ -409,7 +166,8 @@ class BalancedLoader:
 
     def micro_batches(self, *batch):
         """The passes of this worker's current batch: the batch itself (strategy unequal),
-        or its equal micro-batches (accumulate). A loop written once runs both:
+        or its equal micro-batches (accumulate), then with `tail=` the chunks it claims
+        from the end of the step. A loop written once runs every case:
 
             for x, y in loader:
                 opt.zero_grad()
@@ -417,19 +175,35 @@ class BalancedLoader:
                     (loss_fn(model(mx), my) * len(mx) / len(x)).backward()
                 opt.step()
 
-        (scaling each pass by its part of the local batch keeps the gradient the local
-        mean, which the optimizer weights by the local batch size). An empty share yields
-        nothing: the worker sits the step out and pushes zeros with weight 0."""
+        (scaling each pass by its part of the local batch `x` keeps the gradient the local
+        mean, which the optimizer weights by `len(x)`; the claimed chunks are scaled the
+        same way, so their samples count as much as any). The next pass is known before
+        this one runs (a chunk is claimed one pass ahead), so the optimizer starts the
+        exchange on the last pass's backward. An empty share yields nothing: the worker
+        sits the step out and pushes zeros with weight 0."""
         one = batch[0] if len(batch) == 1 else batch
         n = len(batch[0]) if batch else 0
-        m = self.batches.micro
         if n == 0:
             return
+        passes = self._passes(one, len(batch), n, self.batches.micro)
+        cur, k = next(passes), 0
+        while cur is not None:
+            nxt = next(passes, None)  # claims the next chunk before this pass runs
+            self.batches.set_passes(k + 1 if nxt is None else k + 2)
+            yield cur
+            cur, k = nxt, k + 1
+
+    def _passes(self, one, nargs: int, n: int, m: int):
         if not m or n <= m:
             yield one
-            return
-        for lo in range(0, n, m):
-            yield tree_map(lambda t: t[lo: lo + m] if isinstance(t, torch.Tensor) else t, one)
+        else:
+            for lo in range(0, n, m):
+                yield tree_map(lambda t: t[lo: lo + m] if isinstance(t, torch.Tensor) else t, one)
+        while (idx := self.batches.claim()) is not None:
+            got = self._fetch(idx, self.device)
+            if isinstance(got, tuple):  # as many parts as the caller passed (x, or x and y, ...)
+                got = got[0] if nargs == 1 else got[:nargs]
+            yield got
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -61,15 +61,17 @@ def test_balanced_loader_overlapped_update_equals_single_process(launch, tmp_pat
 ALLREDUCE_THREE = {"name": "t", "machines": [m for m in THREE["machines"] if m["role"] == "worker"]}
 
 
-@pytest.mark.parametrize("strategy", ["unequal", "accumulate"])
-def test_both_strategies_give_the_single_process_update(launch, tmp_path, strategy):
+@pytest.mark.parametrize("strategy,tail", [("unequal", 0.0), ("accumulate", 0.0), ("unequal", 0.3)])
+def test_both_strategies_give_the_single_process_update(launch, tmp_path, strategy, tail):
     """Mode allreduce (in-place buckets overlapped with backward, no step header once the
     loader knows the total): unequal local batches, and equal micro-batches with a count
     per worker (gradient accumulation), both give the update one process computes on
-    the same global batches, a last partial batch included."""
+    the same global batches, a last partial batch included; so do unequal batches whose
+    last 30% is claimed while the step runs (the dynamic tail: extra passes, the
+    exchange started on the last one)."""
     out = tmp_path / "params"
-    rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), f"--strategy={strategy}", cluster=ALLREDUCE_THREE,
-                        mode="allreduce")
+    rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), f"--strategy={strategy}", f"--tail={tail}",
+                        cluster=ALLREDUCE_THREE, mode="allreduce")
     assert rc == 0, log
     runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
     order = runs[0]["order"]
@@ -80,6 +82,10 @@ def test_both_strategies_give_the_single_process_update(launch, tmp_path, strate
             torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
     sizes = runs[0]["sizes"]
     assert torch.all(sizes.sum(1) == 24)
+    trained = torch.stack([r["trained"] for r in runs])  # workers x steps x (samples, passes)
+    assert trained[:, :, 0].sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample of every step, once
+    if tail:  # chunks were claimed: some worker ran more than one pass in a step
+        assert int(trained[:, :, 1].max()) > 1, trained
     if strategy == "accumulate":  # whole micro-batches per worker (the last one of a step may be short)
         micro = runs[0]["micro"]
         assert micro == 4

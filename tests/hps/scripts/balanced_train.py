@@ -18,6 +18,7 @@ from reference import GLOBAL_BATCH, data, make_model  # noqa: E402
 out = Path(sys.argv[1])
 overlap = True if "--overlap" in sys.argv else None  # None: the job's default (on in mode allreduce)
 strategy = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--strategy=")), None)
+tail = float(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--tail=")), 0.0))
 ctx = hetrain.init()
 rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine
@@ -27,14 +28,19 @@ device = EmulatedDevice(machine.device, machine.name, cost_per_sample=COST)
 model = make_model()
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
-loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy)
+loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy, tail=tail)
 compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
+trained = []  # per step: samples this worker trained on (its claimed tail chunks included), passes
 for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.zero_grad()
+    n = passes = 0
     with device.compute(len(x)):
-        for mx, my in loader.micro_batches(x, y):  # one pass, or equal micro-batches (accumulate)
+        # one pass, or equal micro-batches (accumulate), then any claimed tail chunks
+        for mx, my in loader.micro_batches(x, y):
             (F.cross_entropy(model(mx), my) * (len(mx) / len(x))).backward()
+            n, passes = n + len(mx), passes + 1
     compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
+    trained.append([n, passes])
     opt.step()
 loader.finish()
 out.mkdir(parents=True, exist_ok=True)
@@ -43,5 +49,6 @@ torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
             "strategy": loader.balancer.strategy, "micro": loader.balancer.micro,
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
             "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
-            "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST}, out / f"rank{rank}.pt")
+            "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST,
+            "trained": torch.tensor(trained)}, out / f"rank{rank}.pt")
 hetrain.shutdown()
