@@ -64,33 +64,48 @@ def test_stopping_early_is_an_error():
         c.end()
 
 
+class _PassCounter:
+    """What the loader asks of an optimizer here: the backward passes of the step (the
+    exchange starts on the last one's hooks)."""
+
+    backward_passes_per_step = 1
+
+
 def test_slow_worker_claims_less_and_every_sample_trains_once():
     """Two thread-workers, one three times slower per sample in this step: the fast one
-    claims most of the tail, and every sample of the epoch is trained on exactly once."""
+    claims most of the tail, every sample of the epoch is trained on exactly once, and
+    before every pass the optimizer knows whether it is the last (the next chunk is
+    claimed a pass ahead)."""
     store = dist.HashStore()
     data = torch.arange(200)
 
     def make(group):
         g = WorkerGroup(group.rank, group.size, group.gather, group.labels, store)
         return BalancedLoader(torch.utils.data.TensorDataset(data), 40, device="cpu", group=g, seed=1,
-                              balance="equal", tail=0.5)
+                              balance="equal", tail=0.5, optimizer=_PassCounter())
 
     def body(rank, loader):
-        seen, passes = [], []
+        seen, passes, told = [], [], []
+        opt = loader.batches.optimizer
         for (x,) in loader:
-            n = 0
+            n, step_told = 0, []
             for mx in loader.micro_batches(x):
+                step_told.append(opt.backward_passes_per_step)
                 seen += mx.tolist()
                 n += 1
                 time.sleep(len(mx) * (0.003 if rank == 1 else 0.001))
             passes.append(n)
+            told.append(step_told)
         loader.finish()
-        return seen, passes
+        return seen, passes, told
 
     res = run_workers(2, make, body)
     assert sorted(res[0][0] + res[1][0]) == list(range(200))
     assert len(res[0][0]) > len(res[1][0])  # equal shares up front, the fast worker took more of the tail
     assert max(res[0][1]) > 1
+    for _seen, passes, told in res:
+        for n, step_told in zip(passes, told):  # "at least one more" before each pass, the count before the last
+            assert step_told == [k + 2 for k in range(n - 1)] + [n], (n, step_told)
 
 
 def test_tail_needs_the_micro_batches_loop_and_a_store():
