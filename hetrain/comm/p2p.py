@@ -128,9 +128,10 @@ class Swap:
     members (reduce-scatter, then all-gather, half the buffer each), handed to its
     collective thread and back; a swap moves the same bytes per member in one round from
     the calling thread. After compute on a core per worker (socket threads yielding) a
-    0.26 to 0.41 MB all-reduce took 0.93 to 0.99 ms as gloo's and 0.51 to 0.55 ms as a
-    swap (`bench/pair_swap.py`). Both members compute a + b in IEEE arithmetic, which
-    commutes, so they hold the same bits, as an all-reduce guarantees."""
+    0.26 to 0.41 MB sum took 0.57 ms as gloo's all-reduce and 0.38 to 0.42 ms as a swap,
+    a 4 KB one 0.42 and 0.26 ms (`bench/pair_swap.py`, recorded in bench/results). Both
+    members compute a + b in IEEE arithmetic, which commutes, so they hold the same bits,
+    as an all-reduce guarantees."""
 
     def __init__(self, t: torch.Tensor, scratch: torch.Tensor, peer: int, tag: int, group, what: str):
         self.t, self.scratch, self.peer = t, scratch, peer

@@ -10,7 +10,9 @@ within about one chunk of each other. Every sample of the global batch is still 
 on exactly once in its step, so the update is the same as without a tail.
 
 How: a counter per step in the job's key-value store (torch.distributed's TCPStore,
-which the launcher serves; an atomic `add` per claim, about 50 µs on one host). A claim
+which the launcher serves; an atomic `add` per claim: about 50 µs on an idle host, 140
+to 150 µs where the workers keep every core busy and the launcher's thread must preempt
+one). A claim
 adds the claimant's chunk size and takes the samples just below the new value, so chunks
 can differ per worker: each is sized to take its worker about the same time (a slow
 worker's last chunk would otherwise decide the step's end). Each claimer claims until a
@@ -33,9 +35,12 @@ __all__ = ["TailSplit", "split_tail", "TailClaims", "Store"]
 
 
 class Store(Protocol):
-    """What the claims need of a store: torch.distributed's `Store.add` (atomic)."""
+    """What the claims need of a store: torch.distributed's `Store.add` (atomic) and
+    `delete_key`."""
 
     def add(self, key: str, amount: int) -> int: ...
+
+    def delete_key(self, key: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,12 @@ class TailClaims:
         if s is None or self.done:
             return None
         n = int(s.chunk[self.me])
-        top = int(self.store.add(f"{self.key}/{self.steps}", n))
+        try:
+            top = int(self.store.add(f"{self.key}/{self.steps}", n))
+        except RuntimeError as err:  # the store's server (the launcher) is gone or does not answer
+            raise RuntimeError(f"claiming samples of step {self.steps}'s tail from the job's store failed ({err}); the "
+                               "launcher that serves the store stopped or is unreachable: restart the job from its "
+                               "last checkpoint") from None
         if top - n >= s.held:
             self.done = True
             return None

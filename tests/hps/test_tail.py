@@ -135,3 +135,17 @@ def test_one_worker_has_no_tail():
                             group=ThreadGroup(1).group(0), tail=0.3)
     got = [[len(m) for m in loader.micro_batches(x)] for (x,) in loader]
     assert got == [[8], [8]] and np.all(loader.sizes == 8)
+
+
+def test_a_store_that_stopped_answering_is_named():
+    class Gone:
+        def add(self, key, amount):
+            raise RuntimeError("Broken pipe")
+
+        def delete_key(self, key):
+            return False
+
+    c = TailClaims(Gone(), 0)
+    c.begin(split_tail([10, 10], 0.3))
+    with pytest.raises(RuntimeError, match="job's store failed \\(Broken pipe\\); the launcher"):
+        c.claim()
