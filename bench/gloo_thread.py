@@ -12,19 +12,16 @@ launches of each launch's median.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
+import pinned_pair
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1024, 32768, 262144, 562000, 2 * 2**20)  # floats: 4 KB to 8 MB (562000: the bench MLP's 2.2 MB)
 POLICIES = ("normal", "idle")
 
@@ -40,13 +37,6 @@ def worker(out: str, repeats: int) -> None:
 
     ctx = hetrain.init()
     group = ctx.worker_group
-    a, w = torch.randn(256, 512), torch.randn(512, 512)
-
-    def compute(ms: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() - t < ms / 1e3:
-            a @ w
-
     rows = []
     for n in SIZES:
         x = torch.ones(n)
@@ -56,7 +46,7 @@ def worker(out: str, repeats: int) -> None:
             for i in range(repeats + 3):
                 dist.barrier(group=group)
                 if case == "after_compute":
-                    compute(15)
+                    pinned_pair.busy(15)
                 t = time.perf_counter()
                 dist.all_reduce(x, group=group)
                 ts.append(time.perf_counter() - t)
@@ -67,39 +57,17 @@ def worker(out: str, repeats: int) -> None:
     hetrain.shutdown()
 
 
-def launch(tmp: Path, policy: str, repeats: int, tag: str) -> dict:
-    cluster = {"name": "gloo-thread", "machines": [{"name": f"w{i}", "role": "worker", "device": {}, "threads": 1}
-                                                   for i in range(2)]}
-    cfile = tmp / "cluster.yaml"
-    cfile.write_text(yaml.safe_dump(cluster))
-    out = tmp / f"{tag}.json"
-    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(cfile), "--mode", "allreduce",
-           "--gloo-thread", policy, "--run-dir", str(tmp / f"run-{tag}"), str(Path(__file__).resolve()),
-           "--worker", "--out", str(out), "--repeats", str(repeats)]
-    subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
-    return json.loads(out.read_text())
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 launches per policy, 30 all-reduces per size (~1 min)")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--repeats", type=int, default=0, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.worker:
-        worker(a.out, a.repeats)
-        return 0
-    if len(os.sched_getaffinity(0)) < 2:
-        print("bench/gloo_thread.py needs 2 cores (a core per worker)", file=sys.stderr)
-        return 2
+    a = pinned_pair.start(__doc__, "2 launches per policy, 30 all-reduces per size (~1 min)", worker, "bench/gloo_thread.py")
+    if isinstance(a, int):
+        return a
     launches, repeats = (2, 30) if a.quick else (4, 60)
     runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
     with tempfile.TemporaryDirectory(prefix="gloo-thread-") as d:
         for k in range(launches):
             for policy in POLICIES:  # A B A B
-                runs[policy].append(launch(Path(d), policy, repeats, f"{policy}-{k}"))
+                runs[policy].append(pinned_pair.launch(__file__, Path(d), f"{policy}-{k}", repeats,
+                                                        ("--gloo-thread", policy)))
                 print(f"  [{policy} launch {k + 1}/{launches}]", flush=True)
     table = []
     for i, n in enumerate(SIZES):

@@ -13,19 +13,16 @@ median over launches of each launch's median.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
+import pinned_pair
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1024, 66000, 101706, 262144)  # floats: 4 KB, the bench CNN's and transformer's gradients, 1 MiB
 METHODS = ("allreduce", "swap")
 
@@ -41,13 +38,6 @@ def worker(out: str, repeats: int) -> None:
 
     ctx = hetrain.init()
     group, me = ctx.worker_group, hetrain.rank()
-    a, w = torch.randn(256, 512), torch.randn(512, 512)
-
-    def compute(ms: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() - t < ms / 1e3:
-            a @ w
-
     def allreduce(x, _scratch):
         dist.all_reduce(x, group=group)
 
@@ -62,7 +52,7 @@ def worker(out: str, repeats: int) -> None:
             for name in (METHODS if i % 2 == 0 else METHODS[::-1]):
                 x.fill_(1.0)
                 dist.barrier(group=group)
-                compute(10 + me)
+                pinned_pair.busy(10 + me)
                 t = time.perf_counter()
                 (allreduce if name == "allreduce" else swap)(x, scratch)
                 times[name].append(time.perf_counter() - t)
@@ -74,38 +64,15 @@ def worker(out: str, repeats: int) -> None:
     hetrain.shutdown()
 
 
-def launch(tmp: Path, repeats: int, tag: str) -> dict:
-    cluster = {"name": "pair-swap", "machines": [{"name": f"w{i}", "role": "worker", "device": {}, "threads": 1}
-                                                 for i in range(2)]}
-    cfile = tmp / "cluster.yaml"
-    cfile.write_text(yaml.safe_dump(cluster))
-    out = tmp / f"{tag}.json"
-    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(cfile), "--mode", "allreduce",
-           "--run-dir", str(tmp / f"run-{tag}"), str(Path(__file__).resolve()), "--worker", "--out", str(out),
-           "--repeats", str(repeats)]
-    subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
-    return json.loads(out.read_text())
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 launches, 30 sums per size and method (~1 min)")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--repeats", type=int, default=0, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.worker:
-        worker(a.out, a.repeats)
-        return 0
-    if len(os.sched_getaffinity(0)) < 2:
-        print("bench/pair_swap.py needs 2 cores (a core per worker)", file=sys.stderr)
-        return 2
+    a = pinned_pair.start(__doc__, "2 launches, 30 sums per size and method (~1 min)", worker, "bench/pair_swap.py")
+    if isinstance(a, int):
+        return a
     launches, repeats = (2, 30) if a.quick else (4, 80)
     with tempfile.TemporaryDirectory(prefix="pair-swap-") as d:
         runs = []
         for k in range(launches):
-            runs.append(launch(Path(d), repeats, f"run-{k}"))
+            runs.append(pinned_pair.launch(__file__, Path(d), f"run-{k}", repeats))
             print(f"  [launch {k + 1}/{launches}]", flush=True)
     table = []
     for i, n in enumerate(SIZES):

@@ -1,7 +1,15 @@
 """Shared test helpers (a module, not conftest, so test folders can't shadow it)."""
+import socket
 from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for a rendezvous a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def small_cluster(workers: int = 2, cpus: int = 1, **network) -> dict:

@@ -11,7 +11,6 @@ shows up; the other launches run once each (every suite run repeats them)."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SCRIPTS, plain_reference_finished
+from tests.helpers import SCRIPTS, free_port, plain_reference_finished
 
 ROOT = Path(__file__).parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -29,11 +28,6 @@ DDP = [str(ROOT / "examples" / "ddp_digits.py"), "--epochs", "2"]
 ELASTIC = str(SCRIPTS / "elastic_ddp.py")
 RUNS = 2  # one-node DDP launches; the two-node and restart launches run once each
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(argv: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -81,7 +75,7 @@ def test_a_two_node_launch_runs_the_ddp_example(tmp_path):
     four ranks that train the model plain torchrun trains on four processes."""
     reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "4", *DDP], tmp_path), reference=4)
     for i in range(1):  # one launch: the one-node test repeats the launch itself
-        port = _free_port()
+        port = free_port()
         nodes = [subprocess.Popen([*HETRAIN, "--nnodes", "2", "--node_rank", str(k), "--nproc_per_node", "2",
                                    "--master_addr", "127.0.0.1", "--master_port", str(port),
                                    "--run-dir", str(tmp_path / f"r{i}n{k}"), *DDP],

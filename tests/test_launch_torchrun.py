@@ -5,7 +5,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -17,17 +16,12 @@ import yaml
 
 from hetrain.cluster import parse_cluster
 from hetrain.cluster.netns import NetnsCluster, netns_available
-from tests.helpers import SCRIPTS, small_cluster
+from tests.helpers import SCRIPTS, free_port, small_cluster
 
 ROOT = Path(__file__).parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 HETRAIN = [sys.executable, "-m", "hetrain.cli"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env_lines(log: str) -> list[dict]:
@@ -38,7 +32,7 @@ def _env_lines(log: str) -> list[dict]:
 def test_a_torchrun_line_trains_the_demo_under_hetrain_launch(tmp_path):
     run = tmp_path / "run"
     line = ["--nnodes=1", "--nproc_per_node=2", "--node_rank=0", "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}", "-m", "hetrain.demo.digits", "--epochs", "3"]
+            f"--master_port={free_port()}", "-m", "hetrain.demo.digits", "--epochs", "3"]
     proc = subprocess.run([*HETRAIN, "launch", "--run-dir", str(run), *line], capture_output=True, text=True,
                           timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

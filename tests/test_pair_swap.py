@@ -2,10 +2,11 @@
 gloo; both hold the same bits, equal to a + b and to gloo's own all-reduce."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).parents[1]
 
@@ -30,16 +31,11 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_a_swap_sums_two_buckets_to_the_same_bits_on_both_members():
-    free_port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(free_port)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     seen = []
     for p in procs:
