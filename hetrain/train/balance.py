@@ -185,6 +185,7 @@ class Balancer:
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
         self._prefetched = False  # the exchange in flight was completed and applied by prefetch()
         self.step = 0
+        self.every_worker = False  # every worker keeps a share (see require_every_worker)
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
         self.plan = self.plan_for(self.global_batch)
@@ -243,6 +244,22 @@ class Balancer:
                 f"Make room: {how}use a smaller model, set min_samples=0 to let it sit out, or remove the worker "
                 "from the cluster file (a `memory:` override there only changes what hetrain believes).")
 
+    def require_every_worker(self, why: str) -> None:
+        """From now on every worker gets at least one sample per step: none is dropped as
+        too slow to help. For batches that cannot be empty (`why`: a DataLoader cannot
+        collate an empty batch). Every worker must call it at the same point (the shares
+        stay agreed); a worker capped at 0 samples cannot comply and stops the job."""
+        out = [lab for lab, c in zip(self.labels, self.caps) if c < 1]
+        if out:
+            raise UserError(f"{why}, but worker(s) {', '.join(out)} may take no sample (max_samples=0, or a device "
+                            "that cannot hold one): raise their limit, or use hetrain.BalancedLoader, whose workers "
+                            "can sit a step out")
+        if not self.every_worker:
+            self.every_worker = True
+            self._partial.clear()
+            self.plan = self.plan_for(self.global_batch)
+            self.sizes = self.plan.sizes
+
     # -- per step
     def record(self, samples: int, seconds: float) -> None:
         """This worker's compute for the step just done."""
@@ -277,9 +294,11 @@ class Balancer:
         micro_caps = np.where(self.caps >= micro, int(total), 0)
         # an epoch's last partial batch keeps every worker: one short step's fixed part is
         # the fits' least certain number, and a data loader cannot be handed an empty batch
-        args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed, min_samples=self.cfg.min_samples,
+        keep = self.every_worker  # a DataLoader's batches: nobody sits out (require_every_worker)
+        args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed,
+                    min_samples=max(1, self.cfg.min_samples) if keep else self.cfg.min_samples,
                     labels=self.labels, memory_per_sample=self.cfg.memory_per_sample,
-                    drop=int(total) == self.global_batch)
+                    drop=int(total) == self.global_batch and not keep)
         if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
             # (an epoch's last partial batch keeps the strategy chosen for the full ones)
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)

@@ -290,7 +290,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if self.claims is not None:
             raise UserError("tail= hands out samples while a step runs, which a DataLoader's batch_sampler cannot "
                             "take: use hetrain.BalancedLoader with tail=, or tail=0 here")
+        self.balancer.require_every_worker("a DataLoader's batch_sampler must yield non-empty batches")
         for idx in self._index_arrays():
+            n = len(self._batch)
+            if n < self.group.size:  # the same on every worker: all stop here
+                raise UserError(f"this epoch's last batch has {n} sample(s) for {self.group.size} workers, and a "
+                                "DataLoader's batch_sampler cannot yield an empty batch: pass drop_last=True (or use "
+                                "hetrain.BalancedLoader, whose workers can sit a step out)")
             yield idx.tolist()
 
     def claim(self) -> np.ndarray | None:

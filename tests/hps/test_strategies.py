@@ -7,7 +7,7 @@ import torch
 from hetrain.errors import UserError
 from hetrain.perf.steptime import plan_accumulate, plan_step, plan_unequal, useful_workers
 from hetrain.train.balance import BalanceConfig, Balancer
-from hetrain.train.loader import BalancedLoader
+from hetrain.train.loader import BalancedBatchSampler, BalancedLoader
 from tests.hps.test_loader import ThreadGroup, run_workers
 from tests.hps.test_step_model import _fake_gather
 
@@ -36,6 +36,32 @@ def test_zero_share_worker_leaves_the_step_and_rejoins():
     b.record(100, 0.2)
     b.update()
     assert b.sizes.tolist() == [50, 50]  # it is as fast again: back in the step
+
+
+def test_a_dataloader_keeps_every_worker_in_the_step():
+    """A DataLoader cannot collate an empty batch: driven as its batch_sampler, the
+    balancer keeps the worker too slow to help (one sample at least); a worker capped at
+    0 samples, and an epoch's last batch smaller than the workers, are clear errors."""
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [1.0, 0.001]), num_workers=2)
+    b.record(50, 0.1)
+    b.update()
+    assert b.sizes.tolist() == [100, 0]
+    b.require_every_worker("a DataLoader's batch_sampler must yield non-empty batches")
+    assert b.sizes.min() >= 1 and b.sizes.sum() == 100 and b.plan_for(60).sizes.min() >= 1
+    capped = Balancer(None, 100, BalanceConfig(), gather=_fake_gather([np.inf, 5, 0, 0, 1]), num_workers=2,
+                      caps=[100, 0], labels=["a", "b"])
+    with pytest.raises(UserError, match=r"worker\(s\) b may take no sample.*BalancedLoader"):
+        capped.require_every_worker("a DataLoader's batch_sampler must yield non-empty batches")
+
+    def body(rank, sampler):
+        return [len(i) for i in torch.utils.data.DataLoader(torch.arange(21), batch_sampler=sampler)]
+
+    with pytest.raises(UserError, match="last batch has 1 sample.*drop_last=True"):
+        run_workers(2, lambda g: BalancedBatchSampler(21, 10, group=g, device=torch.device("cpu")), body)
+    got = run_workers(2, lambda g: BalancedBatchSampler(21, 10, group=g, device=torch.device("cpu"), drop_last=True),
+                      body)
+    assert got == [[5, 5], [5, 5]]
 
 
 def test_accumulate_counts_follow_speed_and_cover_the_batch():
