@@ -358,14 +358,17 @@ def plot(r: dict, path) -> None:
     a1.axhline(1.0, color="k", lw=0.8)
     a1.set_xticks(x, models)
     a1.set_title("even work: hetrain / DDP samples/s")
-    w = 0.27
-    a2.bar(x - w, [r[m]["uneven"]["ideal_over_ddp"] for m in models], w, label="ideal", color="lightgray")
-    a2.bar(x, [r[m]["uneven"]["balanced"]["over_ddp"] for m in models], w, label="unequal batches")
-    a2.bar(x + w, [r[m]["uneven"]["accumulate"]["over_ddp"] for m in models], w, label="accumulate")
+    w = 0.2
+    a2.bar(x - 1.5 * w, [r[m]["uneven"]["ideal_over_ddp"] for m in models], w, label="ideal", color="lightgray")
+    a2.bar(x - 0.5 * w, [r[m]["uneven"]["balanced"]["over_ddp"] for m in models], w, label="unequal batches")
+    a2.bar(x + 0.5 * w, [r[m]["uneven"]["accumulate"]["over_ddp"] for m in models], w, label="accumulate")
+    if all("tail" in r[m]["uneven"] for m in models):
+        a2.bar(x + 1.5 * w, [r[m]["uneven"]["tail"]["over_ddp"] for m in models], w, label="unequal + tail")
     a2.axhline(1.0, color="k", lw=0.8)
     a2.set_xticks(x, models)
     a2.set_title("uneven work: speed-up over DDP")
-    a2.legend(fontsize=8)
+    a2.set_ylim(0, 1.35 * max(r[m]["uneven"]["ideal_over_ddp"] for m in models))  # room for the legend
+    a2.legend(fontsize=8, loc="upper center", ncol=2)
     h = r["host"]
     fig.suptitle(f"real compute, overlap on; 1-min load {h['loadavg_1min_before']:.1f}-{h['loadavg_1min_after']:.1f} "
                  f"on {h['cpus']} CPUs", fontsize=9)
