@@ -1,6 +1,6 @@
 """The dynamic tail: the end of every step claimed while it runs. The split is pure; the
 claims run on two thread-workers over a real torch.distributed store (HashStore)."""
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -71,13 +71,15 @@ class _PassCounter:
     backward_passes_per_step = 1
 
 
-def test_slow_worker_claims_less_and_every_sample_trains_once():
-    """Two thread-workers, one three times slower per sample in this step: the fast one
-    claims most of the tail, every sample of the epoch is trained on exactly once, and
-    before every pass the optimizer knows whether it is the last (the next chunk is
-    claimed a pass ahead)."""
+def test_a_late_worker_claims_nothing_and_every_sample_trains_once():
+    """Two thread-workers; in every step worker 1 starts its passes only once worker 0 has
+    finished all of its own (an event, not a timing guess): worker 0 claims the whole
+    tail and worker 1 trains its up-front share alone. Every sample of the epoch is
+    trained on exactly once, and before every pass the optimizer knows whether it is the
+    last (the next chunk is claimed a pass ahead)."""
     store = dist.HashStore()
     data = torch.arange(200)
+    finished = [threading.Event() for _ in range(5)]  # worker 0 is through step s
 
     def make(group):
         g = WorkerGroup(group.rank, group.size, group.gather, group.labels, store)
@@ -87,13 +89,16 @@ def test_slow_worker_claims_less_and_every_sample_trains_once():
     def body(rank, loader):
         seen, passes, told = [], [], []
         opt = loader.batches.optimizer
-        for (x,) in loader:
+        for step, (x,) in enumerate(loader):
+            if rank == 1:
+                assert finished[step].wait(timeout=30), "worker 0 never finished its step"
             n, step_told = 0, []
             for mx in loader.micro_batches(x):
                 step_told.append(opt.backward_passes_per_step)
                 seen += mx.tolist()
                 n += 1
-                time.sleep(len(mx) * (0.003 if rank == 1 else 0.001))
+            if rank == 0:
+                finished[step].set()
             passes.append(n)
             told.append(step_told)
         loader.finish()
@@ -101,8 +106,10 @@ def test_slow_worker_claims_less_and_every_sample_trains_once():
 
     res = run_workers(2, make, body)
     assert sorted(res[0][0] + res[1][0]) == list(range(200))
-    assert len(res[0][0]) > len(res[1][0])  # equal shares up front, the fast worker took more of the tail
-    assert max(res[0][1]) > 1
+    # equal shares of 20, 10 of each held back: worker 0 takes all 20 in chunks of 4 (a
+    # third of what it held back, rounded up), worker 1's first claim finds the tail used up
+    assert res[0][1] == [6] * 5 and len(res[0][0]) == 150
+    assert res[1][1] == [1] * 5 and len(res[1][0]) == 50
     for _seen, passes, told in res:
         for n, step_told in zip(passes, told):  # "at least one more" before each pass, the count before the last
             assert step_told == [k + 2 for k in range(n - 1)] + [n], (n, step_told)
