@@ -16,7 +16,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,13 +61,7 @@ def main() -> int:
     if isinstance(a, int):
         return a
     launches, repeats = (2, 30) if a.quick else (4, 60)
-    runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
-    with tempfile.TemporaryDirectory(prefix="gloo-thread-") as d:
-        for k in range(launches):
-            for policy in POLICIES:  # A B A B
-                runs[policy].append(pinned_pair.launch(__file__, Path(d), f"{policy}-{k}", repeats,
-                                                        ("--gloo-thread", policy)))
-                print(f"  [{policy} launch {k + 1}/{launches}]", flush=True)
+    runs = pinned_pair.launches(__file__, launches, repeats, {p: ("--gloo-thread", p) for p in POLICIES})
     table = []
     for i, n in enumerate(SIZES):
         row = {"bytes": 4 * n}
@@ -89,9 +82,7 @@ def main() -> int:
               f"{r['after_barrier_normal_over_idle']:>12.2f} | {1e3 * r['normal_after_compute_s']:>8.3f}"
               f"{1e3 * r['idle_after_compute_s']:>8.3f}{r['after_compute_normal_over_idle']:>12.2f}")
     print(f"socket threads lowered: normal {out['yielding']['normal']}, idle {out['yielding']['idle']}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
-        print(f"wrote {a.json}")
+    pinned_pair.write(a.json, out)
     return 0
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -69,11 +68,7 @@ def main() -> int:
     if isinstance(a, int):
         return a
     launches, repeats = (2, 30) if a.quick else (4, 80)
-    with tempfile.TemporaryDirectory(prefix="pair-swap-") as d:
-        runs = []
-        for k in range(launches):
-            runs.append(pinned_pair.launch(__file__, Path(d), f"run-{k}", repeats))
-            print(f"  [launch {k + 1}/{launches}]", flush=True)
+    runs = pinned_pair.launches(__file__, launches, repeats, {"run": ()})["run"]
     table = []
     for i, n in enumerate(SIZES):
         row = {"bytes": 4 * n, **{f"{m}_s": statistics.median(r["rows"][i][f"{m}_s"] for r in runs) for m in METHODS}}
@@ -85,9 +80,7 @@ def main() -> int:
     print(f"{'bytes':>10}{'gloo all-reduce (ms)':>22}{'swap (ms)':>11}{'all-reduce/swap':>17}")
     for r in table:
         print(f"{r['bytes']:>10}{1e3 * r['allreduce_s']:>22.3f}{1e3 * r['swap_s']:>11.3f}{r['allreduce_over_swap']:>17.2f}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
-        print(f"wrote {a.json}")
+    pinned_pair.write(a.json, out)
     return 0
 
 

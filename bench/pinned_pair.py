@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -66,3 +67,22 @@ def launch(script: str, tmp: Path, tag: str, repeats: int, flags: tuple[str, ...
            "--repeats", str(repeats)]
     subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
     return json.loads(out.read_text())
+
+
+def launches(script: str, count: int, repeats: int, variants: dict[str, tuple[str, ...]]) -> dict[str, list[dict]]:
+    """`count` launches of each variant (its extra `hetrain launch` flags), taking turns A B
+    A B so that a host whose speed drifts slows every variant alike; each variant's JSONs."""
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix=Path(script).stem + "-") as d:
+        for k in range(count):
+            for name, flags in variants.items():
+                runs[name].append(launch(script, Path(d), f"{name}-{k}", repeats, flags))
+                print(f"  [{name} launch {k + 1}/{count}]", flush=True)
+    return runs
+
+
+def write(path: str | None, out: dict) -> None:
+    """The results as JSON, where `--json` asked for them."""
+    if path:
+        Path(path).write_text(json.dumps(out, indent=2))
+        print(f"wrote {path}")

@@ -268,7 +268,7 @@ class AllReduceTransport(Transport):
         self.group = self.members.nccl if staging.on_device else self.members.gloo
         if self._scratch_layout is not self.layout:  # new buckets: new receive buffers
             self._scratch, self._scratch_layout = {}, self.layout
-            if not staging.on_device and self.members.size == 2:
+            if self.members.size == 2:
                 room = self.SWAP_SCRATCH_BYTES
                 for pid, part in enumerate(self.layout.parts):
                     if part.length * 4 <= min(self.SWAP_BUCKET_BYTES, room):
@@ -279,7 +279,8 @@ class AllReduceTransport(Transport):
         pass
 
     def _start(self, pid: int, view):
-        """The bucket's all-reduce, as a swap with the other member where it qualifies."""
+        """The bucket's all-reduce, as a swap with the other member where it qualifies (a
+        small bucket in host memory: device buffers go to NCCL's all-reduce)."""
         if pid not in self._scratch or self.staging.on_device:
             return dist.all_reduce(view, group=self.group, async_op=True)
         if self._scratch[pid] is None:
