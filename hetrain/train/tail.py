@@ -10,10 +10,8 @@ within about one chunk of each other. Every sample of the global batch is still 
 on exactly once in its step, so the update is the same as without a tail.
 
 How: a counter per step in the job's key-value store (torch.distributed's TCPStore,
-which the launcher serves; an atomic `add` per claim: about 50 µs on an idle host, 140
-to 150 µs where the workers keep every core busy and the launcher's thread must preempt
-one). A claim
-adds the claimant's chunk size and takes the samples just below the new value, so chunks
+which the launcher serves; an atomic `add` per claim, one round trip). A claim adds the
+claimant's chunk size and takes the samples just below the new value, so chunks
 can differ per worker: each is sized to take its worker about the same time (a slow
 worker's last chunk would otherwise decide the step's end). Each claimer claims until a
 claim starts past the tail. Steps use keys of their own, so a worker that runs ahead
