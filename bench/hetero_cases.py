@@ -9,7 +9,11 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             "accumulate" (equal micro-batches of MICRO, a count per worker), and
             "tail" (unequal, with TAIL of every step claimed while it runs, in about
             TAIL_CHUNKS chunks per worker: hetrain.train.tail; `arrival_skew_ms` is
-            the mean gap between the workers' ends of backward). The ideal
+            the mean gap between the workers' ends of backward), and "ddp-static":
+            PyTorch DDP given the best fixed shares for the speeds measured before
+            the repeat (an oracle: what balancing reaches with DDP's own exchange
+            and no balancer, so a gap to the ideal that static DDP shares too is the
+            host's, not hetrain's). The ideal
             comes from the workers' speeds measured in each repeat just before its runs
             (forward+backward alone, all workers at once, at half, one and one and a half
             equal shares, fitted as fixed + slope x samples; the speeds seen inside
@@ -219,7 +223,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                      "ideal_over_ddp": float(np.median(ideal)),
                      "ideal_repeats": ideal.tolist(),
                      "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
-    for kind in ("balanced", "accumulate", "tail"):
+    for kind in ("balanced", "accumulate", "tail", "ddp-static"):
         runs = _per_repeat(res_uneven, kind)
         if not runs:
             continue
@@ -237,6 +241,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
     out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
     if "accumulate" in out["uneven"]:
         out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
+    if "ddp-static" in out["uneven"]:
+        out["static_over_ideal"] = out["uneven"]["ddp-static"]["over_ideal"]
     tta = {}
     for kind in ("ddp", "balanced", "accumulate"):
         ts = [_time_to(r, TARGET) for r in _per_repeat(res_uneven, kind)]
@@ -270,7 +276,7 @@ def run_cases(launch, tmp, quick: bool) -> dict:
         print(f"  real {model}: even (hetrain equal shares vs DDP), then uneven", flush=True)
         even = launch(f"real-{model}-even", pinned, ["--model", model, "--kinds", "ddp+even", *common])
         uneven = launch(f"real-{model}-uneven", pinned,
-                        ["--model", model, "--kinds", "speed,ddp+balanced+accumulate+tail", "--slow", f"0,{SLOW}",
+                        ["--model", model, "--kinds", "speed,ddp+balanced+accumulate+tail+ddp-static", "--slow", f"0,{SLOW}",
                          "--eval-every", str(EVAL_EVERY), "--tail", str(TAIL), "--tail-chunks", str(TAIL_CHUNKS),
                          *common])
         case = summarize(even, uneven, gb, skip)
@@ -326,6 +332,10 @@ def table(r: dict) -> list[str]:
                      f"{f(t['accumulate']):>8}")
     for m in MODELS:
         u = r.get(m, {}).get("uneven", {})
+        if "ddp-static" in u:
+            lines.append(f"{m}, DDP given the best static shares for the measured speeds (an oracle): "
+                         f"{u['ddp-static']['over_ddp']:.3f}x DDP ({u['ddp-static']['over_ideal']:.2f} of ideal); "
+                         f"hetrain unequal / static DDP {u['balanced']['over_ddp'] / u['ddp-static']['over_ddp']:.3f}")
         if "tail" in u:
             lines.append(f"{m} with a dynamic tail ({TAIL:.0%} of each step claimed while it runs, about {TAIL_CHUNKS} "
                          f"chunks per worker): {u['tail']['over_ddp']:.3f}x DDP ({u['tail']['over_ideal']:.2f} of "
@@ -358,12 +368,14 @@ def plot(r: dict, path) -> None:
     a1.axhline(1.0, color="k", lw=0.8)
     a1.set_xticks(x, models)
     a1.set_title("even work: hetrain / DDP samples/s")
-    w = 0.2
-    a2.bar(x - 1.5 * w, [r[m]["uneven"]["ideal_over_ddp"] for m in models], w, label="ideal", color="lightgray")
-    a2.bar(x - 0.5 * w, [r[m]["uneven"]["balanced"]["over_ddp"] for m in models], w, label="unequal batches")
-    a2.bar(x + 0.5 * w, [r[m]["uneven"]["accumulate"]["over_ddp"] for m in models], w, label="accumulate")
-    if all("tail" in r[m]["uneven"] for m in models):
-        a2.bar(x + 1.5 * w, [r[m]["uneven"]["tail"]["over_ddp"] for m in models], w, label="unequal + tail")
+    bars = [("ideal", "ideal_over_ddp", "lightgray"), ("unequal batches", "balanced", None),
+            ("accumulate", "accumulate", None), ("unequal + tail", "tail", None),
+            ("DDP, best static shares", "ddp-static", "dimgray")]
+    bars = [b for b in bars if all(b[1] in r[m]["uneven"] for m in models)]
+    w = 0.8 / len(bars)
+    for i, (label, key, color) in enumerate(bars):
+        vals = [r[m]["uneven"][key] if key == "ideal_over_ddp" else r[m]["uneven"][key]["over_ddp"] for m in models]
+        a2.bar(x + (i - (len(bars) - 1) / 2) * w, vals, w, label=label, color=color)
     a2.axhline(1.0, color="k", lw=0.8)
     a2.set_xticks(x, models)
     a2.set_title("uneven work: speed-up over DDP")

@@ -15,6 +15,8 @@ Kinds, run interleaved (`--kinds ddp,even,balanced,...`, every repeat runs each 
   even       hetrain, equal shares (BalancedLoader balance="equal"), overlap on
   balanced   hetrain, measured shares, unequal local batches, batch-weighted average
   accumulate hetrain, measured counts of equal micro-batches (gradient accumulation)
+  ddp-static PyTorch DDP with fixed unequal shares from the last speed measurement (loss
+             weighted by share): what static balancing reaches with DDP's own exchange
   tail       balanced, with the end of every step claimed while it runs (`--tail`, `--tail-chunks`)
 Rank 0 writes per-step wall times, shares, per-phase times and accuracies as JSON.
 """
@@ -101,6 +103,29 @@ def _ddp_batches(sampler, xtr, ytr, rank):
         epoch += 1
 
 
+def _fixed_batches(sampler, xtr, ytr, rank, shares):
+    """DDP's batches with fixed unequal shares: each global batch cut in the shares' proportions."""
+    epoch = 0
+    while True:
+        for s in range(sampler.steps_per_epoch()):
+            idx = torch.from_numpy(sampler.split(sampler.global_batch_at(epoch, s), shares)[rank])
+            yield xtr[idx], ytr[idx]
+        epoch += 1
+
+
+def fixed_shares(speed: dict, gb: int) -> list[int]:
+    """Shares that equalize fixed + slope x b across the workers (the measured speeds)."""
+    fixed, slope = np.asarray(speed["fixed_s"]), np.asarray(speed["slope_s"])
+    t = (gb + np.sum(fixed / slope)) / np.sum(1 / slope)  # common compute time
+    raw = np.maximum(1.0, (t - fixed) / slope)
+    shares = np.floor(raw * gb / raw.sum()).astype(int)
+    shares[np.argmax(raw - shares)] += gb - shares.sum()
+    return shares.tolist()
+
+
+LAST_SPEED: dict = {}  # the last speed measurement of this process (kind ddp-static takes its shares from it)
+
+
 def _hetrain_batches(loader):
     while True:
         yield from loader
@@ -146,12 +171,17 @@ class Runner:
         self.model = make_model(a.model, 100 + rep)
         self.net = Slowed(self.model, extra)
         self.loader = None
-        if kind == "ddp":
+        if kind in ("ddp", "ddp-static"):
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.net = DDP(self.net, process_group=ctx.worker_group)
             self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr, momentum=0.9)
-            self.batches = _ddp_batches(GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep), xtr, ytr, rank)
+            sampler = GlobalBatchSampler(len(xtr), a.global_batch, nw, seed=rep)
+            if kind == "ddp":
+                self.batches = _ddp_batches(sampler, xtr, ytr, rank)
+            else:
+                self.shares = fixed_shares(LAST_SPEED, a.global_batch)
+                self.batches = _fixed_batches(sampler, xtr, ytr, rank, self.shares)
         else:
             self.opt = hetrain.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=a.lr, momentum=0.9),
                                                     named_parameters=self.model.named_parameters(), overlap=True)
@@ -181,17 +211,17 @@ class Runner:
             out = self.net(mx) if len(mx) else None
             t2 = time.perf_counter()
             if out is not None:
-                scale = len(mx) / len(x) if kind != "ddp" else len(mx) * nw / a.global_batch
+                scale = len(mx) / len(x) if not kind.startswith("ddp") else len(mx) * nw / a.global_batch
                 (F.cross_entropy(out, my) * scale).backward()
-            elif kind == "ddp":  # DDP needs every rank in the all-reduce
+            elif kind.startswith("ddp"):  # DDP needs every rank in the all-reduce
                 (sum(p.sum() for p in self.net.parameters()) * 0).backward()
             tf += t2 - t1
             tb += time.perf_counter() - t2
         t3 = time.perf_counter()
-        if kind != "ddp":
+        if not kind.startswith("ddp"):
             self.opt.synchronize()
         t35 = time.perf_counter()
-        if kind != "ddp":
+        if not kind.startswith("ddp"):
             with self.opt.skip_synchronize():
                 self.opt.step()
         else:
@@ -211,6 +241,8 @@ class Runner:
 
         out = {"kind": self.kind, "rep": self.rep, "times": self.times, "gloo_threads_yield": yielding(),
                "final_acc": acc_of(self.model, self.data[2], self.data[3]), "accs": self.accs}
+        if self.kind == "ddp-static":
+            out["sizes"] = [self.shares] * len(self.times)
         if self.loader is not None:
             self.loader.finish()
             out["sizes"] = [[int(v) for v in h] for h in self.loader.balancer.history[:a.steps]]
@@ -233,7 +265,8 @@ def one_run(a, kind: str, rep: int, ctx, data) -> list[dict]:
     if kind == "speed":  # this worker's compute alone: forward+backward at an equal share, no exchange
         model = make_model(a.model, 100 + rep)
         extra = int(a.slow.split(",")[rank]) if a.slow else 0
-        return [measure_speed(a, Slowed(model, extra), model, data, rank, nw, ctx)]
+        LAST_SPEED.update(measure_speed(a, Slowed(model, extra), model, data, rank, nw, ctx))
+        return [dict(LAST_SPEED)]
     runners = [Runner(a, k, rep, ctx, data) for k in kind.split("+")]
     for step in range(a.steps):
         for r in (runners if step % 2 == 0 else runners[::-1]):

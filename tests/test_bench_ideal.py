@@ -49,3 +49,16 @@ def test_the_saving_is_averaged_over_the_steps_at_each_ones_own_global_batch():
     # the first measured step is the one after `skip`
     assert saved_per_step(np.zeros(2), slope, run, skip=-1) == pytest.approx(expect)
     assert saved_per_step(np.zeros(2), slope, run, skip=-1) < compute_saved(np.zeros(2), slope, 512)
+
+
+def test_the_static_oracle_shares_finish_together_and_fill_the_batch():
+    """bench/real_worker.py's `ddp-static` kind: DDP given the shares that make every
+    worker's fitted compute (fixed + slope x b) equal."""
+    from real_worker import fixed_shares
+
+    speed = {"fixed_s": [0.001, 0.002], "slope_s": [1e-4, 2e-4]}
+    shares = fixed_shares(speed, 512)
+    assert sum(shares) == 512
+    t = (512 + 10 + 10) / 15000  # the common finish, as in compute_saved
+    # (t - f) / s = 344.7 and 167.3 samples: the remainder goes to the larger fraction
+    assert shares == [round((t - 0.001) / 1e-4), round((t - 0.002) / 2e-4)]
