@@ -11,6 +11,8 @@ from .topology import MODES
 
 
 def _add_job_flags(p: argparse.ArgumentParser) -> None:
+    from .launch.heap import HeapPolicy  # the launcher's package loads when a launch runs
+
     p.add_argument("--cluster", help="cluster YAML (default: built-in 4 mixed workers + 2 CPU machines)")
     p.add_argument("--mode", choices=MODES, default=None,
                    help="communication architecture (default byteps; allreduce for a cluster given by "
@@ -39,6 +41,10 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="gloo's socket threads: auto (default: run them only on core time compute leaves, on the "
                         "workers of an all-reduce job pinned to cores of their own that compute fills), idle "
                         "(always), normal (as gloo starts them)")
+    p.add_argument("--heap", choices=get_args(HeapPolicy), default="keep",
+                   help="the processes' C heap: keep (default: a step's freed memory stays mapped for the next "
+                        "one instead of being faulted in again; resident memory stays at its peak) or system "
+                        "(the allocator as the machine configures it)")
     p.add_argument("--emulate", choices=["none", "netns", "ratelimit", "auto"],
                    help="override the cluster file's link emulation")
     p.add_argument("--run-dir", help="where logs, TensorBoard events and checkpoints go")
@@ -105,7 +111,7 @@ def _launch_config(args, argv: list[str], cluster=None):
     return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=res.node_rank,
                         master_addr=res.master_addr, master_port=res.master_port,
                         assign_node_rank=res.assign_node_rank, secret=secret, run_dir=args.run_dir,
-                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None),
+                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None), heap=args.heap,
                         elastic=ElasticConfig(max_restarts=args.max_restarts, min_workers=args.min_workers,
                                               rejoin_after_s=args.rejoin_after))
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 from ...cluster.spec import ClusterSpec
 from ...errors import UserError
 from ..env import CommConfig
 from ..supervisor import ElasticConfig
+from .heap import HeapPolicy
 
 EXIT_STOPPED = 3  # a process stopped at a checkpoint because it was asked to (SIGUSR1)
 EXIT_RESIZE = 4  # workers stopped at a commit so that the launcher can change the job's machines
@@ -29,8 +31,11 @@ class LaunchConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     job_id: str | None = None  # default: a fresh random id (torchrun's --rdzv-id sets it)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    heap: HeapPolicy = "keep"  # the processes' C heap keeps its pages between steps (launch/heap.py)
 
     def __post_init__(self) -> None:
+        if self.heap not in get_args(HeapPolicy):
+            raise UserError(f"heap={self.heap!r}: use one of {', '.join(get_args(HeapPolicy))}")
         if not self.argv:
             raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
         if self.node_rank is not None:

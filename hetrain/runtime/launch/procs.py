@@ -23,6 +23,7 @@ from ..env import ProcEnv
 from ..topology import Proc, Topology
 from ..torchrun import agent_environ
 from .config import LaunchConfig
+from .heap import heap_env
 
 # what a process prints when it failed only because it lost a peer: hetrain's own error,
 # and gloo's when its I/O thread aborts the process on a dropped connection
@@ -116,7 +117,8 @@ def process_env(cfg: LaunchConfig, p: Proc, topo: Topology, cluster: ClusterSpec
     the job's round (0 first, then one more per restart or resize); `group_rank`: its
     launcher's node; `script_port`: the round's store for the script's own env://
     rendezvous (`store.ScriptStore`; torchrun's variables: `torchrun.agent_environ`)."""
-    env = dict(cfg.extra_env)
+    env = heap_env(cfg.heap, {**os.environ, **cfg.extra_env})
+    env.update(cfg.extra_env)
     device = worker_device(p)
     if device.type == "cuda":  # LOCAL_RANK names the GPU hetrain binds: set_device(LOCAL_RANK) agrees
         local_rank = device.index
