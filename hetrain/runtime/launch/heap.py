@@ -5,9 +5,8 @@ same sizes again in the next step. glibc's malloc serves blocks above its mmap t
 (128 KiB at first, raised as large blocks are freed) with fresh mappings, and hands the
 top of the heap back to the kernel once more than its trim threshold is free. Either way
 the next step touches new pages, and every first touch is a page fault that zeroes a
-page. Measured on a 2-core VM with a core per worker (bench/hetero.py's real CNN, the
-fast worker running a 350-sample share): 30 000 faults a second and 27% more time a
-sample than with the pages kept; with them kept, 12 faults a second.
+page. bench/heap.py, a CNN step of 350 samples on a pinned core of a 2-core VM: 3126
+faults and 49.6 ms with glibc's defaults, none and 42.8 ms with the pages kept.
 
 "keep" (the default) fixes both thresholds at 1 GiB through the variables mallopt(3)
 documents, so the heap keeps what a step used for the next one: a process's resident
