@@ -27,7 +27,9 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             (median hetrain/DDP - 1) / (median ideal - 1).
   pairing   DDP and hetrain train side by side in one launch, their steps alternating
             (ABBA), so a host whose speed drifts (this one's does, by up to 3x over
-            minutes) slows both alike; repeats start fresh models.
+            minutes) slows both alike; repeats start fresh models. On uneven work each
+            hetrain strategy has a launch of its own (with DDP and static DDP), and its
+            ideal and ratios come from that launch.
   accuracy  test accuracy after the same samples vs one process on the same global
             batches (same seeds, one thread): the mean over the last 4 evaluations (every
             5 steps; `single_process_accs` says why not one step's), the last step's
@@ -51,6 +53,7 @@ MODELS = ("mlp", "cnn", "transformer")
 SLOW = 3  # extra forward passes on the slow worker (about 2x its forward+backward)
 TARGET = 0.85
 MICRO = 64  # accumulate's micro-batch: 8 per global batch of 512
+STRATEGIES = ("balanced", "accumulate", "tail")  # hetrain's uneven-work kinds, a launch each
 TAIL, TAIL_CHUNKS = 0.2, 2  # the tail kind's share of each step claimed while it runs, chunks per worker
 
 
@@ -275,14 +278,26 @@ def run_cases(launch, tmp, quick: bool) -> dict:
     for model in MODELS:
         print(f"  real {model}: even (hetrain equal shares vs DDP), then uneven", flush=True)
         even = launch(f"real-{model}-even", pinned, ["--model", model, "--kinds", "ddp+even", *common])
-        uneven = launch(f"real-{model}-uneven", pinned,
-                        ["--model", model, "--kinds", "speed,ddp+balanced+accumulate+tail+ddp-static", "--slow", f"0,{SLOW}",
-                         "--eval-every", str(EVAL_EVERY), "--tail", str(TAIL), "--tail-chunks", str(TAIL_CHUNKS),
-                         *common])
-        case = summarize(even, uneven, gb, skip)
+        # each hetrain strategy in a launch of its own, beside DDP and static DDP: a job runs
+        # one strategy, and strategies alternating in one process would share its exchange
+        # group, whose asynchronous work (the balancer's all-gather of fits runs into the
+        # next step) lands in another strategy's step
+        uneven = {k: launch(f"real-{model}-{k}", pinned,
+                            ["--model", model, "--kinds", f"speed,ddp+{k}+ddp-static", "--slow", f"0,{SLOW}",
+                             "--eval-every", str(EVAL_EVERY), "--tail", str(TAIL), "--tail-chunks", str(TAIL_CHUNKS),
+                             *common]) for k in STRATEGIES}
+        case = summarize(even, uneven["balanced"], gb, skip)
+        for k in STRATEGIES[1:]:  # each with the ideal and DDP of its own launch
+            own = summarize(even, uneven[k], gb, skip)["uneven"]
+            case["uneven"][k] = {**own[k], "ideal_over_ddp": own["ideal_over_ddp"],
+                                 "ddp_samples_per_s": own["ddp_samples_per_s"]}
+            case[f"{k}_over_ideal"] = own[k]["over_ideal"]
+            ts = [t for t in (_time_to(r, TARGET) for r in _per_repeat(uneven[k], k)) if t is not None]
+            case["time_to_acc_s"][k] = float(np.median(ts)) if ts else None
         single = single_process_accs(model, gb, steps, lr, reps - 1)
         case["single_process_acc"] = late_accuracy(single)
-        runs = {k: next(r for r in uneven["runs"] if r["kind"] == k and r["rep"] == reps - 1)
+        runs = {k: next(r for r in uneven["balanced" if k == "ddp" else k]["runs"] if r["kind"] == k
+                        and r["rep"] == reps - 1)
                 for k in ("ddp", "balanced", "accumulate")}  # the last repeat: same seed as the single process
         case["acc_same_samples"] = {k: late_accuracy({s: a for s, _t, a in r["accs"]}) for k, r in runs.items()}
         case["acc_final_step"] = {"single_process": single[max(single)],
