@@ -132,7 +132,7 @@ def _run_speeds(res: dict, skip: int) -> np.ndarray:
     over steps and repeats of (forward + backward) / samples."""
     per = []
     for r in res["runs"]:
-        if r["kind"] not in ("balanced", "accumulate"):
+        if r["kind"] not in STRATEGIES:
             continue
         ph = np.asarray(r["phases"], dtype=float)[:, skip:, :]  # ranks x steps x (pre, f, b, sync, upd, n)
         n = ph[:, :, 5]
@@ -241,7 +241,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "over_ideal_repeats": frac.tolist(), "mean_shares": [round(float(v), 1) for v in shares],
                                "final_acc": float(np.median([r["final_acc"] for r in runs])),
                                "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3)}
-    out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
+    if "balanced" in out["uneven"]:
+        out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
     if "accumulate" in out["uneven"]:
         out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
     if "ddp-static" in out["uneven"]:
