@@ -140,6 +140,19 @@ def _run_speeds(res: dict, skip: int) -> np.ndarray:
     return np.nanmedian(np.concatenate(per, axis=1), axis=1)
 
 
+def balanced_finish(fixed: np.ndarray, slope: np.ndarray, gb: int) -> tuple[float, np.ndarray]:
+    """When workers taking fixed + slope x samples finish together on `gb` samples: T with
+    Σ (T - fixed_i) / slope_i = B over the workers that take part (a worker whose fixed
+    part alone exceeds T sits out), and which take part."""
+    active = np.ones(len(fixed), dtype=bool)
+    while True:
+        t = (gb + np.sum(fixed[active] / slope[active])) / np.sum(1 / slope[active])
+        drop = active & (fixed >= t)
+        if not drop.any():
+            return float(t), active
+        active &= ~drop
+
+
 def compute_saved(fixed: np.ndarray, slope: np.ndarray, gb: int, equal: float | None = None) -> float:
     """Compute per step that perfect balancing saves against equal shares, for workers
     whose forward+backward takes fixed + slope x samples (measured with every worker
@@ -154,13 +167,7 @@ def compute_saved(fixed: np.ndarray, slope: np.ndarray, gb: int, equal: float | 
     n = len(fixed)
     fitted = float(np.max(fixed + slope * gb / n))
     equal = fitted if equal is None else min(equal, fitted)
-    active = np.ones(n, dtype=bool)
-    while True:
-        t = (gb + np.sum(fixed[active] / slope[active])) / np.sum(1 / slope[active])
-        drop = active & (fixed >= t)
-        if not drop.any():
-            return equal - float(t)
-        active &= ~drop
+    return equal - balanced_finish(fixed, slope, gb)[0]
 
 
 def saved_per_step(fixed: np.ndarray, slope: np.ndarray, ddp_run: dict, skip: int) -> float:
@@ -248,7 +255,9 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
     if "ddp-static" in out["uneven"]:
         out["static_over_ideal"] = out["uneven"]["ddp-static"]["over_ideal"]
     tta = {}
-    for kind in ("ddp", "balanced", "accumulate"):
+    for kind in ("ddp", *STRATEGIES):
+        if not _per_repeat(res_uneven, kind):
+            continue
         ts = [_time_to(r, TARGET) for r in _per_repeat(res_uneven, kind)]
         ts = [t for t in ts if t is not None]
         tta[kind] = float(np.median(ts)) if ts else None
@@ -289,12 +298,12 @@ def run_cases(launch, tmp, quick: bool) -> dict:
                              *common]) for k in STRATEGIES}
         case = summarize(even, uneven["balanced"], gb, skip)
         for k in STRATEGIES[1:]:  # each with the ideal and DDP of its own launch
-            own = summarize(even, uneven[k], gb, skip)["uneven"]
-            case["uneven"][k] = {**own[k], "ideal_over_ddp": own["ideal_over_ddp"],
-                                 "ddp_samples_per_s": own["ddp_samples_per_s"]}
-            case[f"{k}_over_ideal"] = own[k]["over_ideal"]
-            ts = [t for t in (_time_to(r, TARGET) for r in _per_repeat(uneven[k], k)) if t is not None]
-            case["time_to_acc_s"][k] = float(np.median(ts)) if ts else None
+            own = summarize(even, uneven[k], gb, skip)
+            u = own["uneven"]
+            case["uneven"][k] = {**u[k], "ideal_over_ddp": u["ideal_over_ddp"],
+                                 "ddp_samples_per_s": u["ddp_samples_per_s"]}
+            case[f"{k}_over_ideal"] = u[k]["over_ideal"]
+            case["time_to_acc_s"][k] = own["time_to_acc_s"][k]
         single = single_process_accs(model, gb, steps, lr, reps - 1)
         case["single_process_acc"] = late_accuracy(single)
         runs = {k: next(r for r in uneven["balanced" if k == "ddp" else k]["runs"] if r["kind"] == k

@@ -114,9 +114,13 @@ def _fixed_batches(sampler, xtr, ytr, rank, shares):
 
 
 def fixed_shares(speed: dict, gb: int) -> list[int]:
-    """Shares that equalize fixed + slope x b across the workers (the measured speeds)."""
+    """Shares that equalize fixed + slope x b across the workers (the measured speeds), the
+    finish the ideal assumes (a worker that would sit out keeps 1 sample: DDP needs every
+    rank in its all-reduce)."""
+    from hetero_cases import balanced_finish
+
     fixed, slope = np.asarray(speed["fixed_s"]), np.asarray(speed["slope_s"])
-    t = (gb + np.sum(fixed / slope)) / np.sum(1 / slope)  # common compute time
+    t, _ = balanced_finish(fixed, slope, gb)
     raw = np.maximum(1.0, (t - fixed) / slope)
     shares = np.floor(raw * gb / raw.sum()).astype(int)
     shares[np.argmax(raw - shares)] += gb - shares.sum()
