@@ -15,8 +15,9 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             and no balancer, so a gap to the ideal that static DDP shares too is the
             host's, not hetrain's). The ideal
             comes from the workers' speeds measured in each repeat just before its runs
-            (forward+backward alone, all workers at once, at half, one and one and a half
-            equal shares, fitted as fixed + slope x samples; the speeds seen inside
+            (forward+backward alone, all workers at once and for the same span of
+            time, at half, one and one and a half equal shares, fitted as fixed +
+            slope x samples; the speeds seen inside
             hetrain's runs are recorded beside, `per_sample_s_in_run`): DDP's measured
             step minus the compute that perfect balancing saves (`compute_saved`: the
             slowest worker's compute at equal shares, by the fits or as measured in

@@ -138,30 +138,53 @@ def _hetrain_batches(loader):
 def measure_speed(a, net, model, data, rank, nw, ctx) -> dict:
     """This worker's forward+backward time as fixed + per-sample seconds, fitted on three
     batch sizes (half, one and one and a half equal shares: the range balanced shares
-    take), all workers at once as in training (shared cores are shared here too); the
-    median step per size. The sizes take turns (a round of each, `speed_steps` rounds, the
-    first dropped), so a host whose speed drifts during the measurement moves every size
-    alike rather than tilting the fit. A per-sample cost alone would charge a small share
-    the fixed part of a pass (Python, kernel launches) it does not shrink by."""
+    take), all workers computing at once as in training (shared cores are shared here too);
+    the median pass per size. The sizes take turns (a round of each), so a host whose speed
+    drifts during the measurement moves every size alike rather than tilting the fit. A
+    per-sample cost alone would charge a small share the fixed part of a pass (Python,
+    kernel launches) it does not shrink by.
+
+    Every worker measures for the same span of time: `speed_steps` times the slowest
+    worker's first round (a warm-up, not measured), and a pass that ends after the span is
+    dropped. With a count of rounds each instead, a fast worker would finish first and wait,
+    and the slow one would time its last rounds on a quieter host than training gives it:
+    on this project's 2-core host a worker computes up to 1.5x faster while its neighbour
+    idles, so its fit, the ideal and static DDP's shares would be too optimistic."""
     xtr, ytr = data[0], data[1]
     b = a.global_batch // nw
     sizes = [max(1, b // 2), b, b + b // 2]
+
+    def one_pass(n: int) -> tuple[float, float]:
+        idx = torch.arange(rank * n, (rank + 1) * n) % len(xtr)
+        model.zero_grad()
+        t = time.perf_counter()
+        F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+        return t, time.perf_counter()
+
+    t0 = time.perf_counter()
+    for n in sizes:
+        one_pass(n)
+    first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX, group=ctx.worker_group)  # every worker leaves it together
+    deadline = time.perf_counter() + a.speed_steps * float(first)
     times: list[list[float]] = [[] for _ in sizes]
-    for _ in range(a.speed_steps):
+    while time.perf_counter() < deadline:
         for k, n in enumerate(sizes):
-            idx = torch.arange(rank * n, (rank + 1) * n) % len(xtr)
-            model.zero_grad()
-            t = time.perf_counter()
-            F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
-            times[k].append(time.perf_counter() - t)
-    med = [float(np.median(ts[1:])) for ts in times]
+            start, end = one_pass(n)
+            if end <= deadline:
+                times[k].append(end - start)
+    if not all(times):
+        raise SystemExit(f"speed measurement: rank {rank} finished no pass of some size within the span "
+                         f"({a.speed_steps} x {float(first):.3f} s); raise --speed-steps")
+    med = [float(np.median(ts)) for ts in times]
     per, fixed = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(med), 1)
-    mine = torch.tensor([med[1] / b, max(0.0, float(fixed)), max(1e-12, float(per))], dtype=torch.float64)
+    mine = torch.tensor([med[1] / b, max(0.0, float(fixed)), max(1e-12, float(per)), len(times[1])],
+                        dtype=torch.float64)
     allp = [torch.zeros_like(mine) for _ in range(nw)]
     dist.all_gather(allp, mine, group=ctx.worker_group)
     return {"kind": "speed", "rep": -1, "per_sample_s": [float(p[0]) for p in allp],
-            "fixed_s": [float(p[1]) for p in allp], "slope_s": [float(p[2]) for p in allp], "share": b,
-            "sizes": sizes}
+            "fixed_s": [float(p[1]) for p in allp], "slope_s": [float(p[2]) for p in allp],
+            "rounds": [int(p[3]) for p in allp], "share": b, "sizes": sizes}
 
 
 class Runner:
@@ -293,7 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--speed-steps", type=int, default=12, help="rounds of the three sizes in a speed measurement")
+    ap.add_argument("--speed-steps", type=int, default=12,
+                    help="a speed measurement lasts this many of the slowest worker's rounds of the three sizes")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ctx = hetrain.init()
