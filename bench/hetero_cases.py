@@ -9,7 +9,9 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             "accumulate" (equal micro-batches of MICRO, a count per worker), and
             "tail" (unequal, with TAIL of every step claimed while it runs, in about
             TAIL_CHUNKS chunks per worker: hetrain.train.tail; `arrival_skew_ms` is
-            the mean gap between the workers' ends of backward), and "ddp-static":
+            the mean gap between the workers' ends of backward, `later_worker_wait_ms`
+            what a step waits for its slower worker's compute, `behind_ideal_step_ms`
+            how far its step is from the ideal one), and "ddp-static":
             PyTorch DDP given the best fixed shares for the speeds measured before
             the repeat (an oracle: what balancing reaches with DDP's own exchange
             and no balancer, so a gap to the ideal that static DDP shares too is the
@@ -200,6 +202,17 @@ def _skew(run: dict, skip: int) -> float:
     return float(np.mean(t3.max(axis=0) - t3.min(axis=0)))
 
 
+def _later_wait(run: dict, skip: int) -> float:
+    """Mean over measured steps of the slowest worker's forward+backward minus the workers'
+    mean: what a step waits for its later worker when the shares are right on average but
+    each worker's compute varies from step to step (shares fixed before a step cannot
+    remove it, and the fitted ideal does not count it). hetrain's kinds only: DDP's
+    backward includes its wait for the other worker."""
+    ph = _steps(run, skip)
+    fb = ph[:, :, 1] + ph[:, :, 2]
+    return float(np.mean(fb.max(axis=0) - fb.mean(axis=0)))
+
+
 def _per_repeat(res: dict, kind: str) -> list[dict]:
     return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
 
@@ -244,11 +257,15 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
         # fraction meaningless; the per-repeat fractions are kept beside)
         over_ideal = (float(np.median(gain)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)
         shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
+        step = np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in runs])
+        behind = step - (ddp_step / ideal)[:len(step)]  # this system's step minus the ideal step, per repeat
         out["uneven"][kind] = {"samples_per_s": float(np.median([_sps(r, gb, skip) for r in runs])),
                                "over_ddp": float(np.median(gain)), "over_ideal": over_ideal,
                                "over_ideal_repeats": frac.tolist(), "mean_shares": [round(float(v), 1) for v in shares],
                                "final_acc": float(np.median([r["final_acc"] for r in runs])),
-                               "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3)}
+                               "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3),
+                               "later_worker_wait_ms": float(np.median([_later_wait(r, skip) for r in runs]) * 1e3),
+                               "behind_ideal_step_ms": float(np.median(behind) * 1e3)}
     if "balanced" in out["uneven"]:
         out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
     if "accumulate" in out["uneven"]:
@@ -367,6 +384,12 @@ def table(r: dict) -> list[str]:
                          f"chunks per worker): {u['tail']['over_ddp']:.3f}x DDP ({u['tail']['over_ideal']:.2f} of "
                          f"ideal); end-of-backward skew {u['balanced']['arrival_skew_ms']:.1f} ms without, "
                          f"{u['tail']['arrival_skew_ms']:.1f} ms with")
+    for m in MODELS:
+        b = r.get(m, {}).get("uneven", {}).get("balanced")
+        if b and "later_worker_wait_ms" in b:
+            lines.append(f"{m} unequal: step {b['behind_ideal_step_ms']:.1f} ms behind the ideal step, of which "
+                         f"{b['later_worker_wait_ms']:.1f} ms waiting for the later worker's forward+backward "
+                         "(step-to-step noise; medians over repeats)")
     if "mlp_ddp_buckets" in r:
         lines.append(f"mlp even with DDP's bucket plan kept (--buckets ddp): {r['mlp_ddp_buckets']['even_over_ddp']:.3f}x "
                      "DDP (the row above: buckets tuned)")
