@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(env tests sanitizer gpubench demo hetero)

@@ -233,7 +233,7 @@ def worker(a) -> int:
         loader = BalancedLoader((x_all, y_all), B, optimizer=opt, device=device, model=model,
                                 max_samples=limit, config=BalanceConfig(window=a.window),
                                 seed=k)
-        stamps = []
+        stamps, rows = [], []
         step = 0
         while step < total:
             for x, y in loader:
@@ -242,6 +242,8 @@ def worker(a) -> int:
                     F.cross_entropy(model(x), y).backward()
                 opt.step()
                 stamps.append(time.perf_counter())
+                if loader.batches.last_rows is not None:  # a step's per-worker metrics, agreed by all
+                    rows.append(loader.batches.last_rows.copy())
                 step += 1
                 if step >= total:
                     break
@@ -253,7 +255,9 @@ def worker(a) -> int:
                      "shares": [h.tolist() for h in loader.balancer.history],
                      "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
                      "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
-                     "fits": loader.balancer.fits.tolist()}
+                     "fits": loader.balancer.fits.tolist(),
+                     "step_ms": float(np.median(np.diff(stamps[a.warmup - 1:]))) * 1e3,
+                     **_breakdown(rows[a.warmup:])}
         if name == "mixed":
             out["devices"] = [d.label() for d in loader.balancer.devices]
     if rank == 0:
@@ -261,6 +265,19 @@ def worker(a) -> int:
         Path(a.out).write_text(json.dumps(out))
     hetrain.shutdown()
     return 0
+
+
+def _breakdown(rows: list) -> dict:
+    """Median per worker of the loader's own step rows (`METRICS`): compute, exposed
+    exchange and waiting for the others, in ms; where a step's time goes."""
+    from hetrain.train.balanced_sampler import METRICS
+
+    if not rows:
+        return {}
+    r = np.asarray(rows, dtype=float)  # steps x workers x metrics
+    col = {k: i for i, k in enumerate(METRICS)}
+    return {f"{k[:-2]}_ms": (np.median(r[:, :, col[k]], axis=0) * 1e3).round(3).tolist()
+            for k in ("compute_s", "comm_s", "wait_s")}
 
 
 # ------------------------------------------------------------------------ the driver --
@@ -333,6 +350,11 @@ def _report(res: dict, a) -> dict:
         f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         print(f"{label:<34}{(sps or float('nan')):>12.0f}{f(spr):>9}{(f(p90) if p90 is not None else '-'):>7}  "
               f"{sh if sh is not None else ''}")
+    for name in ("gpu", "cpu", "mixed"):
+        ph = res[name]
+        if "compute_ms" in ph:
+            print(f"  {name:<6} step {ph['step_ms']:.2f} ms; per worker (ms, median): compute {ph['compute_ms']}, "
+                  f"exchange {ph['comm_ms']}, waiting {ph['wait_ms']}")
     print(f"mixed / ideal = {summary['efficiency']:.3f} (bar 0.85, goal 0.95); compute spread "
           f"{summary['compute_spread'] if summary['compute_spread'] is None else round(summary['compute_spread'], 3)} "
           f"(bar 1.10, goal 1.05); CPU workers add {100 * summary['cpu_over_gpu']:.0f}% of the GPU's samples/s")

@@ -274,11 +274,12 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
     A worker given even `min_samples` costs the step its fixed part plus those samples;
     when that alone ends later than the step would without it (a straggler too slow to
     help, or a device whose fixed cost exceeds the others' whole step), its best share
-    is zero. Workers are dropped one at a time, slowest minimum first, while dropping
-    shortens the predicted step (max over the workers with samples) by more than
-    `margin` (fits are noisy: a worker is not sent away for a predicted 1%) and the rest
-    still hold the batch; a dropped worker rejoins as soon as the fits say it helps (the
-    caller solves again with new fits)."""
+    is zero. The workers with the slowest minimums are dropped, as many as make the
+    predicted step (max over the workers with samples) shortest, when that beats keeping
+    them all by more than `margin` (fits are noisy: a worker is not sent away for a
+    predicted 1%); a worker the rest cannot hold the batch without stays. A dropped
+    worker rejoins as soon as the fits say it helps (the caller solves again with new
+    fits)."""
     return _useful(global_batch, fixed, per_sample, caps, min_samples, margin)[0]
 
 
@@ -314,20 +315,26 @@ def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1,
     held = first[slowest] <= min(c[slowest], lo_min)
     if not held and max(p[i] for i in range(n) if keep[i]) <= margin * best:
         return np.asarray(keep), first
+    # drop the k slowest minimums for the best k, not one at a time until one drop fails to
+    # help: several stragglers of about the same minimum (CPU workers beside a GPU) each
+    # hold the step alone, so leaving out any one of them changes nothing
     start = list(keep)
     order = sorted(range(n), key=lambda i: -(f[i] + p[i] * min_samples))  # stable: ties by rank
+    trial, best_keep, best_trial = list(keep), list(keep), best
     for i in order:
-        if sum(keep) <= 1 or not keep[i]:
+        if sum(trial) <= 1:
+            break
+        if not trial[i]:
             continue
-        trial = list(keep)
         trial[i] = False
         if sum(min(c[k], g) for k in range(n) if trial[k]) < g:
+            trial[i] = True  # the others cannot hold the batch without it
             continue
         t_trial, _ = step(trial)
-        if t_trial < best * (1 - margin):
-            keep, best = trial, t_trial
-        else:
-            break
+        if t_trial < best_trial:
+            best_keep, best_trial = list(trial), t_trial
+    if best_trial < best * (1 - margin):
+        keep = best_keep
     return np.asarray(keep), (first if keep == start else None)
 
 

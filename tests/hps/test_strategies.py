@@ -24,6 +24,18 @@ def test_a_worker_too_slow_to_help_gets_no_share():
     assert plan_unequal(100, fixed, per, [40, 40, 100]).sizes.tolist() == [40, 40, 20]
 
 
+def test_several_equal_stragglers_all_leave_the_step():
+    """A GPU beside three CPU workers whose fixed parts (4 ms) each exceed the GPU's whole
+    step (2.8 ms for the batch): leaving out any one CPU worker alone changes nothing, all
+    three together make the step 30% shorter, so all three sit out."""
+    fixed = [0.0024, 0.0038, 0.0041, 0.0041]
+    per = [5.3e-8, 4.8e-5, 8.8e-5, 4.7e-5]
+    assert useful_workers(8192, fixed, per, [8192] * 4).tolist() == [True, False, False, False]
+    plan = plan_unequal(8192, fixed, per, [8192] * 4)
+    assert plan.sizes.tolist() == [8192, 0, 0, 0]
+    assert plan.predicted == pytest.approx(0.0024 + 8192 * 5.3e-8)
+
+
 def test_zero_share_worker_leaves_the_step_and_rejoins():
     """The other worker reports a huge fixed part: it leaves (share 0); when its fit says
     it helps again it rejoins."""
@@ -131,8 +143,9 @@ def test_resume_mid_epoch_with_either_strategy(strategy):
 
 
 def _useful_by_search(g, fixed, per, caps, min_samples=1, margin=0.1):
-    """useful_workers' definition, searched in full: drop the slowest minimum while that
-    shortens the predicted step by more than `margin`."""
+    """useful_workers' definition, searched in full: of the sets that leave out the k
+    slowest minimums (k = 0, 1, ...; a worker the rest need for the batch stays), the one
+    with the shortest predicted step, if that beats keeping everyone by more than `margin`."""
     from hetrain.perf.steptime import predicted_times, solve_shares
 
     fixed, per = np.asarray(fixed, dtype=float), np.asarray(per, dtype=float)
@@ -144,19 +157,20 @@ def _useful_by_search(g, fixed, per, caps, min_samples=1, margin=0.1):
                              min_samples)
         return float(np.max(predicted_times(sizes, fixed, per)[sizes > 0]))
 
-    best = step(keep)
+    everyone = step(keep)
+    sets, trial = [(everyone, keep)], keep.copy()
     for i in np.argsort(-(fixed + per * min_samples), kind="stable"):
-        if keep.sum() <= 1 or not keep[i]:
+        if trial.sum() <= 1:
+            break
+        if not trial[i]:
             continue
-        trial = keep.copy()
         trial[i] = False
         if caps[trial].sum() < g:
+            trial[i] = True
             continue
-        t = step(trial)
-        if t >= best * (1 - margin):
-            break
-        keep, best = trial, t
-    return keep
+        sets.append((step(trial), trial.copy()))
+    t, best = min(sets, key=lambda s: s[0])  # the first of equal times: the fewest dropped
+    return best if t < everyone * (1 - margin) else keep
 
 
 def test_who_helps_matches_the_full_search():
