@@ -16,10 +16,11 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             the repeat (an oracle: what balancing reaches with DDP's own exchange
             and no balancer, so a gap to the ideal that static DDP shares too is the
             host's, not hetrain's). The ideal
-            comes from the workers' speeds measured in each repeat just before its runs
-            (forward+backward alone, all workers at once and for the same span of
-            time, at half, one and one and a half equal shares, fitted as fixed +
-            slope x samples; the speeds seen inside
+            comes from the workers' speeds measured in each repeat before and after its
+            runs, per worker the faster of the two (`repeat_speeds`; how far apart
+            they were is `speed_apart_repeats`): forward+backward alone, all workers
+            at once and for the same span of time, at half, one and one and a half
+            equal shares, fitted as fixed + slope x samples; the speeds seen inside
             hetrain's runs are recorded beside, `per_sample_s_in_run`): DDP's measured
             step minus the compute that perfect balancing saves (`compute_saved`: the
             slowest worker's compute at equal shares, by the fits or as measured in
@@ -217,6 +218,29 @@ def _per_repeat(res: dict, kind: str) -> list[dict]:
     return [r for r in res["runs"] if r["kind"] == kind]  # the worker runs repeats in order
 
 
+SPEED_DISAGREE = 0.10  # before/after speed measurements further apart than this are reported
+
+
+def repeat_speeds(speed_runs: list[dict], repeats: int) -> tuple[list[dict], list[float]]:
+    """Each repeat's worker speeds, from the measurements before and (where taken) after
+    its runs: per worker, the fit of the faster measurement (per sample at the equal
+    share). A host slowdown only ever slows a measurement, and one that lands in a single
+    measurement (this host's speed drifts by up to 3x over minutes) would make that
+    worker look slower than it trains, and the ideal too low or too high. Also, per
+    repeat, how far apart the two were (max over workers of |before / after - 1|; 0 with
+    one measurement), which says how far the ideal can be trusted."""
+    per = len(speed_runs) // max(repeats, 1)
+    out, apart = [], []
+    for k in range(repeats):
+        ms = speed_runs[k * per:(k + 1) * per]
+        t = np.asarray([m["per_sample_s"] for m in ms])  # measurements x workers
+        pick = np.argmin(t, axis=0)
+        out.append({key: [ms[pick[w]][key][w] for w in range(t.shape[1])]
+                    for key in ("per_sample_s", "fixed_s", "slope_s")})
+        apart.append(float(np.max(np.abs(t[0] / t[-1] - 1))))
+    return out, apart
+
+
 def even_case(res_even: dict, gb: int, skip: int) -> dict:
     """hetrain with equal shares against DDP, paired in one launch: samples/s of each and
     `even_over_ddp`, the median over repeats of the per-repeat ratio."""
@@ -230,10 +254,10 @@ def even_case(res_even: dict, gb: int, skip: int) -> dict:
 
 def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
     out: dict = even_case(res_even, gb, skip)
-    # each repeat's speeds, measured just before its runs (all workers computing at once)
-    speed_runs = _per_repeat(res_uneven, "speed")
-    speeds = np.asarray([r["per_sample_s"] for r in speed_runs])
+    # each repeat's speeds, measured before and after its runs (all workers computing at once)
     ddp = _per_repeat(res_uneven, "ddp")
+    speed_runs, apart = repeat_speeds(_per_repeat(res_uneven, "speed"), len(ddp))
+    speeds = np.asarray([r["per_sample_s"] for r in speed_runs])
     equal = [_slowest_compute(r, skip) for r in ddp]
     saved = np.asarray([saved_per_step(np.asarray(r["fixed_s"]), np.asarray(r["slope_s"]), d, skip)
                         for r, d in zip(speed_runs, ddp)])
@@ -246,6 +270,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                      "equal_compute_ddp_s": float(np.median(equal)), "compute_saved_s": float(np.median(saved)),
                      "ideal_over_ddp": float(np.median(ideal)),
                      "ideal_repeats": ideal.tolist(),
+                     "speed_apart_repeats": apart,
                      "ddp_samples_per_s": float(np.median([_sps(r, gb, skip) for r in ddp]))}
     for kind in ("balanced", "accumulate", "tail", "ddp-static"):
         runs = _per_repeat(res_uneven, kind)
@@ -265,7 +290,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "final_acc": float(np.median([r["final_acc"] for r in runs])),
                                "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3),
                                "later_worker_wait_ms": float(np.median([_later_wait(r, skip) for r in runs]) * 1e3),
-                               "behind_ideal_step_ms": float(np.median(behind) * 1e3)}
+                               "behind_ideal_step_ms": float(np.median(behind) * 1e3),
+                               "speed_apart_max": max(apart, default=0.0)}  # of this launch's ideal
     if "balanced" in out["uneven"]:
         out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
     if "accumulate" in out["uneven"]:
@@ -311,7 +337,7 @@ def run_cases(launch, tmp, quick: bool) -> dict:
         # group, whose asynchronous work (the balancer's all-gather of fits runs into the
         # next step) lands in another strategy's step
         uneven = {k: launch(f"real-{model}-{k}", pinned,
-                            ["--model", model, "--kinds", f"speed,ddp+{k}+ddp-static", "--slow", f"0,{SLOW}",
+                            ["--model", model, "--kinds", f"speed,ddp+{k}+ddp-static,speed", "--slow", f"0,{SLOW}",
                              "--eval-every", str(EVAL_EVERY), "--tail", str(TAIL), "--tail-chunks", str(TAIL_CHUNKS),
                              *common]) for k in STRATEGIES}
         case = summarize(even, uneven["balanced"], gb, skip)
@@ -344,7 +370,7 @@ def run_cases(launch, tmp, quick: bool) -> dict:
     shared = {"name": "shared", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}}
                                              for i in range(3)]}
     print("  real mlp, 3 workers sharing the host's cores", flush=True)
-    res = launch("real-shared", shared, ["--model", "mlp", "--kinds", "speed,ddp+balanced+accumulate",
+    res = launch("real-shared", shared, ["--model", "mlp", "--kinds", "speed,ddp+balanced+accumulate,speed",
                                          "--slow", f"0,0,{SLOW}", *common])
     sh = summarize({"runs": [dict(r, kind="even" if r["kind"] == "balanced" else r["kind"]) for r in res["runs"]
                              if r["kind"] in ("ddp", "balanced")]}, res, gb, skip)
@@ -390,6 +416,13 @@ def table(r: dict) -> list[str]:
             lines.append(f"{m} unequal: step {b['behind_ideal_step_ms']:.1f} ms behind the ideal step, of which "
                          f"{b['later_worker_wait_ms']:.1f} ms waiting for the later worker's forward+backward "
                          "(step-to-step noise; medians over repeats)")
+    for m in MODELS:
+        u = r.get(m, {}).get("uneven", {})
+        apart = [f"{u[k]['speed_apart_max']:.0%}" for k in STRATEGIES if "speed_apart_max" in u.get(k, {})]
+        if apart:
+            lines.append(f"{m}: each worker's speed measured before and after a repeat's runs, apart by up to "
+                         f"{' / '.join(apart)} (unequal / accumulate / tail launches; the ideal takes each worker's "
+                         f"faster; over {SPEED_DISAGREE:.0%}: a host slowdown in one measurement)")
     if "mlp_ddp_buckets" in r:
         lines.append(f"mlp even with DDP's bucket plan kept (--buckets ddp): {r['mlp_ddp_buckets']['even_over_ddp']:.3f}x "
                      "DDP (the row above: buckets tuned)")

@@ -62,3 +62,23 @@ def test_the_static_oracle_shares_finish_together_and_fill_the_batch():
     t = (512 + 10 + 10) / 15000  # the common finish, as in compute_saved
     # (t - f) / s = 344.7 and 167.3 samples: the remainder goes to the larger fraction
     assert shares == [round((t - 0.001) / 1e-4), round((t - 0.002) / 2e-4)]
+
+
+def test_each_worker_takes_its_faster_speed_measurement_of_a_repeat():
+    """A slowdown that lands in one measurement (here worker 0's first) does not set the
+    ideal: each worker's fit comes from its faster measurement, and how far the two were
+    apart is reported."""
+    from hetero_cases import repeat_speeds
+
+    def speed(per, fixed):
+        return {"per_sample_s": per, "fixed_s": fixed, "slope_s": [p * 0.9 for p in per]}
+
+    runs = [speed([6e-5, 1.2e-4], [1e-3, 2e-3]), speed([5e-5, 1.25e-4], [5e-4, 2.5e-3]),  # repeat 0
+            speed([5e-5, 1.2e-4], [5e-4, 2e-3]), speed([5e-5, 1.2e-4], [5e-4, 2e-3])]  # repeat 1
+    got, apart = repeat_speeds(runs, 2)
+    assert got[0] == {"per_sample_s": [5e-5, 1.2e-4], "fixed_s": [5e-4, 2e-3],
+                      "slope_s": [runs[1]["slope_s"][0], runs[0]["slope_s"][1]]}
+    assert apart == [pytest.approx(0.2), 0.0]
+    # one measurement per repeat (older results): taken as it is
+    got, apart = repeat_speeds(runs[:2], 2)
+    assert got[1]["fixed_s"] == [5e-4, 2.5e-3] and apart == [0.0, 0.0]
