@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hetrain.errors import UserError
-from hetrain.perf.steptime import plan_accumulate, plan_step, plan_unequal, useful_workers
+from hetrain.perf.steptime import plan_accumulate, plan_step, plan_unequal, solve_shares, useful_workers
 from hetrain.train.balance import BalanceConfig, Balancer
 from hetrain.train.loader import BalancedBatchSampler, BalancedLoader
 from tests.hps.test_loader import ThreadGroup, run_workers
@@ -34,6 +34,20 @@ def test_several_equal_stragglers_all_leave_the_step():
     plan = plan_unequal(8192, fixed, per, [8192] * 4)
     assert plan.sizes.tolist() == [8192, 0, 0, 0]
     assert plan.predicted == pytest.approx(0.0024 + 8192 * 5.3e-8)
+
+
+def test_a_worker_whose_share_is_a_sliver_sits_out():
+    """Three CPU workers beside a GPU whose fits make their best shares 1 to 5% of an
+    equal share: each would shorten the compute by well under 1%, and in the step they
+    cost what the fits do not see (their exchange, their load on the host), so they sit
+    out; a slow worker whose share is a third of the batch stays."""
+    fixed = [1.84e-3, 1.27e-3, 1.96e-3, 1.16e-3]
+    per = [2.1e-8, 4.76e-6, 1.7e-6, 5.9e-6]
+    both = solve_shares(16384, fixed, per, [16384] * 4)
+    assert all(0 < b < 0.1 * 4096 for b in both[1:]), both
+    assert useful_workers(16384, fixed, per, [16384] * 4).tolist() == [True, False, False, False]
+    assert plan_unequal(16384, fixed, per, [16384] * 4).sizes.tolist() == [16384, 0, 0, 0]
+    assert plan_unequal(512, [0.0, 0.0], [1e-4, 2e-4], [512, 512]).sizes.tolist() == [342, 170]
 
 
 def test_zero_share_worker_leaves_the_step_and_rejoins():
@@ -145,7 +159,8 @@ def test_resume_mid_epoch_with_either_strategy(strategy):
 def _useful_by_search(g, fixed, per, caps, min_samples=1, margin=0.1):
     """useful_workers' definition, searched in full: of the sets that leave out the k
     slowest minimums (k = 0, 1, ...; a worker the rest need for the batch stays), the one
-    with the shortest predicted step, if that beats keeping everyone by more than `margin`."""
+    with the shortest predicted step, if that beats keeping everyone by more than `margin`;
+    then whoever's share is under a tenth of an equal share leaves, until nobody's is."""
     from hetrain.perf.steptime import predicted_times, solve_shares
 
     fixed, per = np.asarray(fixed, dtype=float), np.asarray(per, dtype=float)
@@ -170,7 +185,23 @@ def _useful_by_search(g, fixed, per, caps, min_samples=1, margin=0.1):
             continue
         sets.append((step(trial), trial.copy()))
     t, best = min(sets, key=lambda s: s[0])  # the first of equal times: the fewest dropped
-    return best if t < everyone * (1 - margin) else keep
+    keep = best if t < everyone * (1 - margin) else keep
+    if min_samples < 1:
+        return keep
+    while keep.sum() > 1:  # then the shares under a tenth of an equal one, smallest first
+        sizes = solve_shares(g, np.where(keep, fixed, 0), np.where(keep, per, 1.0), np.where(keep, caps, 0),
+                             min_samples)
+        trial = keep.copy()
+        for i in sorted(np.flatnonzero(keep & (sizes < 0.1 * g / keep.sum())), key=lambda i: sizes[i]):
+            if trial.sum() <= 1:
+                break
+            trial[i] = False
+            if caps[trial].sum() < g:
+                trial[i] = True
+        if (trial == keep).all():
+            break
+        keep = trial
+    return keep
 
 
 def test_who_helps_matches_the_full_search():
