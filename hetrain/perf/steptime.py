@@ -352,7 +352,7 @@ def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndar
     costs what the compute fits do not see: its part in the exchange (every worker's
     gradients arrive at the servers at once when all finish together) and its load on a
     shared host. On a GPU beside three CPU workers of 4 threads, shares of 1 to 5% of an
-    equal one made the step about a quarter longer than the same job with those workers
+    equal one made the step 22 to 34% longer than the same job with those workers
     at zero samples (`bench/hetero_real.py`)."""
     n = len(c)
     while sum(keep) > 1:
