@@ -140,8 +140,6 @@ def worker(a) -> int:
     import hetrain
     from hetrain.runtime.memory import describe_device, synchronize
     from hetrain.perf.steptime import StepTimeModel
-    from hetrain.train.balance import BalanceConfig
-    from hetrain.train.loader import BalancedLoader
 
     ctx = hetrain.init()
     rank, n = hetrain.rank(), hetrain.size()
@@ -226,45 +224,62 @@ def worker(a) -> int:
         del xb, yb
     dist.barrier(group=group)
 
-    # -- the three in-job phases, through the same BalancedLoader and push_pull
-    phases = {"gpu": [B] + [0] * (n - 1), "cpu": [0] + [B] * (n - 1), "mixed": [B] * n}
-    total = a.warmup + a.steps
-    for k, (name, limit) in enumerate(phases.items()):
-        loader = BalancedLoader((x_all, y_all), B, optimizer=opt, device=device, model=model,
-                                max_samples=limit, config=BalanceConfig(window=a.window),
-                                seed=k)
-        stamps, rows = [], []
-        step = 0
-        while step < total:
-            for x, y in loader:
-                opt.zero_grad()
-                if len(x):
-                    F.cross_entropy(model(x), y).backward()
-                opt.step()
-                stamps.append(time.perf_counter())
-                if loader.batches.last_rows is not None:  # a step's per-worker metrics, agreed by all
-                    rows.append(loader.batches.last_rows.copy())
-                step += 1
-                if step >= total:
-                    break
-        loader.finish()  # close the last step (measured and exchanged like the others)
-        stamps = np.asarray(stamps)
-        wall = stamps[-1] - stamps[a.warmup - 1]
-        sp = np.asarray(loader.spreads[a.warmup:], dtype=float)
-        out[name] = {"sps": B * (len(stamps) - a.warmup) / wall,
-                     "shares": [h.tolist() for h in loader.balancer.history],
-                     "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
-                     "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
-                     "fits": loader.balancer.fits.tolist(),
-                     "step_ms": float(np.median(np.diff(stamps[a.warmup - 1:]))) * 1e3,
-                     **_breakdown(rows[a.warmup:])}
-        if name == "mixed":
-            out["devices"] = [d.label() for d in loader.balancer.devices]
+    out.update(_phases(a, (x_all, y_all), B, n, model, opt, device))
     if rank == 0:
         out["gpu_name"] = describe_device(device)
         Path(a.out).write_text(json.dumps(out))
     hetrain.shutdown()
     return 0
+
+
+def _phases(a, data, batch: int, n: int, model, opt, device) -> dict:
+    """The three in-job phases, through the same BalancedLoader and push_pull: the GPU
+    only (the CPU workers capped at 0 samples), the CPU workers only, and all balanced."""
+    from hetrain.train.balance import BalanceConfig
+    from hetrain.train.loader import BalancedLoader
+
+    out = {}
+    phases = {"gpu": [batch] + [0] * (n - 1), "cpu": [0] + [batch] * (n - 1), "mixed": [batch] * n}
+    for k, (name, limit) in enumerate(phases.items()):
+        loader = BalancedLoader(data, batch, optimizer=opt, device=device, model=model,
+                                max_samples=limit, config=BalanceConfig(window=a.window), seed=k)
+        out[name] = _phase(a, loader, model, opt, batch)
+        if name == "mixed":
+            out["devices"] = [d.label() for d in loader.balancer.devices]
+    return out
+
+
+def _phase(a, loader, model, opt, batch: int) -> dict:
+    """One in-job phase: `a.warmup + a.steps` steps through `loader`; samples/s after the
+    warm-up from the wall clock, the shares, compute spreads, fits and where a step goes."""
+    import torch.nn.functional as F
+
+    total = a.warmup + a.steps
+    stamps, rows = [], []
+    step = 0
+    while step < total:
+        for x, y in loader:
+            opt.zero_grad()
+            if len(x):
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+            stamps.append(time.perf_counter())
+            if loader.batches.last_rows is not None:  # a step's per-worker metrics, agreed by all
+                rows.append(loader.batches.last_rows.copy())
+            step += 1
+            if step >= total:
+                break
+    loader.finish()  # close the last step (measured and exchanged like the others)
+    stamps = np.asarray(stamps)
+    wall = stamps[-1] - stamps[a.warmup - 1]
+    sp = np.asarray(loader.spreads[a.warmup:], dtype=float)
+    return {"sps": batch * (len(stamps) - a.warmup) / wall,
+            "shares": [h.tolist() for h in loader.balancer.history],
+            "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
+            "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
+            "fits": loader.balancer.fits.tolist(),
+            "step_ms": float(np.median(np.diff(stamps[a.warmup - 1:]))) * 1e3,
+            **_breakdown(rows[a.warmup:])}
 
 
 def _breakdown(rows: list) -> dict:
