@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from hetrain.perf.comm import byteps_speedup_over_allreduce, byteps_time, ps_time, ring_allreduce_time  # noqa: E402
+from pinned_pair import repo_env  # noqa: E402
 
 MARK = "HETRAIN_BENCH "
 MTU = 9000  # default --mtu: jumbo frames; at 1500 B, TCP/IP headers alone take ~5% of every link
@@ -85,7 +85,7 @@ def run_case(cfile: Path, mode: str, sizes: list[int], repeats: int, partition: 
            "--partition-bytes", str(partition), "--timeout", "120", "--run-dir", str(cfile.parent / f"run-{mode}"),
            str(Path(__file__).resolve()), "--worker", "--sizes", ",".join(map(str, sizes)),
            "--repeats", str(repeats)] + (["--ddp"] if ddp else [])
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     for line in proc.stdout.splitlines():
         if MARK in line:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from hetrain.runtime.env import ProcEnv  # noqa: E402
 from hetrain.runtime.topology import build_topology  # noqa: E402
 from hetrain.train.checkpoint import CommitStore, loads  # noqa: E402
+from pinned_pair import repo_env  # noqa: E402
 
 KINDS = ("kill-worker", "kill-server", "stop-worker", "stop-server", "link-down", "rogue-join", "truncated-commit",
          "garbage")
@@ -124,7 +125,7 @@ class Job:
                "--timeout", str(timeout), "--max-restarts", "1000", "--rejoin-after", "20",
                "--run-dir", str(self.run_dir), "-m", "hetrain.demo.digits", "--epochs", "100000",
                "--commit-every", "5"]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = repo_env()
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
@@ -295,7 +296,7 @@ def inject(job: Job, kind: str, rnd: int, rng: random.Random, fault: Fault, nth:
     elif kind == "rogue-join":
         addr, port = job.master
         out = subprocess.run([sys.executable, "-c", ROGUE, addr, str(port), str(rnd)], capture_output=True,
-                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+                             text=True, env=repo_env(), timeout=60)
         claimed = '"claimed_rank0": true' in out.stdout
         try:
             at = json.loads(out.stdout.strip().splitlines()[-1])["at"]
@@ -406,8 +407,7 @@ def campaign(kind: str, n: int, work: Path, timeout: float, rng: random.Random, 
         if job.alive():
             os.killpg(job.proc.pid, signal.SIGKILL)
             job.proc.wait()
-        subprocess.run([sys.executable, "-m", "hetrain.cli", "netns", "cleanup"], capture_output=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        subprocess.run([sys.executable, "-m", "hetrain.cli", "netns", "cleanup"], capture_output=True, env=repo_env())
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
             (logs / f"{kind}.log").write_text("\n".join(f"{t - job.t0:9.2f} {line}" for t, line in job.since(0)))

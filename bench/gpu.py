@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pinned_pair import repo_env  # noqa: E402
 
 MARK = "HETRAIN_GPU_BENCH "
 MODEL = dict(vocab=50257, d=768, heads=12, depth=12, seq=256, n_classes=2)  # GPT-2 small: 124 M parameters
@@ -174,7 +174,7 @@ def launch(cfile: Path, phase: str, repeats: int, batch: int, overlap: bool, tim
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "ps", "--timeout", "120",
            "--run-dir", str(cfile.parent / f"run-{phase}-{int(overlap)}")] + (["--overlap"] if overlap else []) + [
            str(Path(__file__).resolve()), "--worker", phase, "--repeats", str(repeats), "--batch", str(batch)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     for line in proc.stdout.splitlines():
         if MARK in line:

@@ -1,7 +1,8 @@
 """What the two-worker micro-benchmarks share (`bench/gloo_thread.py`, `bench/pair_swap.py`):
 their flags, the two-core check, and launching the script itself as the worker of an
 all-reduce job on two workers pinned to a core each (`threads: 1`), through `hetrain
-launch` so `init()` sets the job up as in training."""
+launch` so `init()` sets the job up as in training. Also `repo_env`, the environment every
+bench script gives the processes it launches."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,14 @@ from typing import Callable
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_env(**extra) -> dict:
+    """`dict(os.environ, **extra)` with the repository root put before the caller's
+    PYTHONPATH, not in its place: where the dependencies are installed in a folder reached
+    only through PYTHONPATH (`pip install --target DIR`), a launched process needs both."""
+    paths = (str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    return dict(os.environ, **extra, PYTHONPATH=os.pathsep.join(dict.fromkeys(p for p in paths if p)))
 
 
 def start(doc: str, quick_help: str, worker: Callable[[str, int], None], script: str) -> argparse.Namespace | int:
@@ -65,7 +74,7 @@ def launch(script: str, tmp: Path, tag: str, repeats: int, flags: tuple[str, ...
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(cfile), "--mode", "allreduce",
            *flags, "--run-dir", str(tmp / f"run-{tag}"), str(Path(script).resolve()), "--worker", "--out", str(out),
            "--repeats", str(repeats)]
-    subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+    subprocess.run(cmd, check=True, env=repo_env(), timeout=600)
     return json.loads(out.read_text())
 
 

@@ -35,6 +35,7 @@ from hetrain.cluster.spec import parse_cluster  # noqa: E402
 from hetrain.perf.job import Candidate, fit, predict  # noqa: E402
 from hetrain.plan.job import DEFAULT_FITTED, job_cluster, model_from_profile, plan_job, to_plan  # noqa: E402
 from hetrain.plan.profile import ModelProfile, load_or_profile  # noqa: E402
+from pinned_pair import repo_env  # noqa: E402
 
 COST = 0.004  # seconds per sample at speed 1 (the calibrated device model)
 BATCH = 64
@@ -95,7 +96,7 @@ def run_candidate(model: str, spec: dict, cand: Candidate, profile, fitted, samp
     tag = f"{spec['name']}-{cand.label().replace('/', '-')}-{time.time_ns() % 10**9}"
     path, run_dir = workdir / f"{tag}.json", workdir / tag
     plan.save(path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = repo_env()
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "launch", "--plan", str(path), "--run-dir",
                            str(run_dir), "--quiet", "--timeout", "120"], env=env, capture_output=True, text=True,

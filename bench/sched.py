@@ -33,6 +33,7 @@ from hetrain.sched.policies import DEFAULT_POLICY, get_policy  # noqa: E402
 from hetrain.sched.public_traces import convert_public  # noqa: E402
 from hetrain.sched.simulator import simulate  # noqa: E402
 from hetrain.sched.trace import load_trace, parse_trace_lines  # noqa: E402
+from pinned_pair import repo_env  # noqa: E402
 
 CLUSTERS = {"homogeneous": "v100:24", "three-type": "v100:8,p100:8,k80:8"}
 SMALL_CLUSTERS = {"homogeneous": "v100:8", "three-type": "v100:4,p100:4,k80:4"}
@@ -172,7 +173,7 @@ def _ray_cluster():
     """Three Ray nodes on this host; the two V100s (one per node) are a custom resource."""
     from ray.cluster_utils import Cluster
 
-    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # Ray's processes import this tree
+    os.environ["PYTHONPATH"] = repo_env()["PYTHONPATH"]  # Ray's processes import this tree
     small = {"object_store_memory": 75 * 2**20, "num_cpus": 2}
     c = Cluster(initialize_head=True, head_node_args={**small, "resources": {"emu_gpu": 1, "accelerator_type:V100": 1}})
     c.add_node(**small, resources={"emu_gpu": 1, "accelerator_type:V100": 1})

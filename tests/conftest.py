@@ -1,12 +1,11 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from .helpers import SCRIPTS, small_cluster
+from .helpers import SCRIPTS, repo_env, small_cluster
 
 
 def pytest_addoption(parser):
@@ -58,7 +57,7 @@ def launch(tmp_path):
         run_dir = tmp_path / f"run-{mode}"
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode,
                "--timeout", str(timeout), "--run-dir", str(run_dir), *extra, str(SCRIPTS / script), *args]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+        env = repo_env()
         return_code, out = run_launcher(cmd, env, limit)
         return return_code, out, run_dir
 

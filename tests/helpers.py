@@ -1,8 +1,26 @@
 """Shared test helpers (a module, not conftest, so test folders can't shadow it)."""
+import os
 import socket
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def pythonpath(*front) -> str:
+    """PYTHONPATH for a launched process: `front` paths, the repository root, then the
+    caller's own PYTHONPATH (os.pathsep-joined, no empty or repeated entries). See `repo_env`."""
+    old = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(dict.fromkeys(str(p) for p in (*front, ROOT, *old) if str(p)))
+
+
+def repo_env(*front, **extra) -> dict:
+    """`dict(os.environ, **extra)` for a process a test launches, with this tree importable:
+    PYTHONPATH is `front` paths, the repository root, then the caller's PYTHONPATH.
+    Prepending, not replacing, matters where the dependencies (pydantic, torch, ...) are
+    installed in a folder reached only through PYTHONPATH (`pip install --target DIR`,
+    PYTHONPATH=DIR): a replaced PYTHONPATH leaves every launched process without them."""
+    return dict(os.environ, **extra, PYTHONPATH=pythonpath(*front))
 
 
 def free_port() -> int:

@@ -6,12 +6,11 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import SCRIPTS, small_cluster
+from tests.helpers import SCRIPTS, repo_env, small_cluster
 
 
 def _descendants(pid: int) -> set[int]:
@@ -32,7 +31,7 @@ def _descendants(pid: int) -> set[int]:
 def test_job_listens_only_on_cluster_address(tmp_path):
     cfile = tmp_path / "c.yaml"
     cfile.write_text(yaml.safe_dump(small_cluster(workers=2, cpus=1)))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env = repo_env()
     proc = subprocess.Popen([sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "byteps",
                              "--run-dir", str(tmp_path / "run"), str(SCRIPTS / "steps.py")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

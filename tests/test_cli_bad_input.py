@@ -1,15 +1,13 @@
 """Every command, fed bad input, answers with exit code 2 and one line on stderr, no
 traceback, and starts nothing."""
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from hetrain.cli import main
-from tests.helpers import SCRIPTS, small_cluster
+from tests.helpers import SCRIPTS, repo_env, small_cluster
 
 
 @pytest.fixture
@@ -126,7 +124,7 @@ def test_bad_input_is_one_line_and_exit_2(name, files, capsys, monkeypatch):
 
 def test_launch_of_a_missing_script_starts_nothing(tmp_path):
     """The console command, end to end: refused before any store or process exists."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env = repo_env()
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "launch", "--run-dir", str(tmp_path / "run"),
                            "nosuch.py"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -6,15 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hetrain.errors import UserError
 from hetrain.runtime.commthreads import compute_fills_cores, lowers, loop_threads
 from hetrain.runtime.env import CommConfig
+from tests.helpers import repo_env
 
-ROOT = Path(__file__).parents[1]
 # the policy reads thread names from /proc and sets SCHED_IDLE, both Linux's; elsewhere it
 # lowers nothing (commthreads.py) and there is nothing to check
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="thread names and SCHED_IDLE are Linux-only")
@@ -44,7 +43,7 @@ dist.destroy_process_group()
 
 
 def _child(policy: str, on_host: bool = True, own_cores: bool = True) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+    env = repo_env(GLOO_SOCKET_IFNAME="lo")
     flags = ["1" if on_host else "0", "1" if own_cores else "0"]
     proc = subprocess.run([sys.executable, "-c", CHILD, policy, *flags], env=env,
                           capture_output=True, text=True, timeout=120)

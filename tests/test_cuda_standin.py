@@ -3,7 +3,6 @@
 tests, run unchanged), deliberate removals of one synchronisation that the checker must
 catch, and one launched job through every transport, codec, overlap on and off and the
 DDP hook, compared with the single-process reference."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 import yaml
 
 from tests.cudastandin import standin
-from tests.helpers import SCRIPTS
+from tests.helpers import SCRIPTS, repo_env
 
 ROOT = Path(__file__).parents[1]
 STANDIN = Path(__file__).parent / "cudastandin"
@@ -38,7 +37,7 @@ def gpu_tests(cuda_standin):
 
 def standin_env(gpus: int = 2, **extra) -> dict:
     """The environment of processes that install the stand-in at start."""
-    return dict(os.environ, PYTHONPATH=f"{STANDIN}{os.pathsep}{ROOT}", **{standin.ENV: str(gpus)}, **extra)
+    return repo_env(STANDIN, **{standin.ENV: str(gpus)}, **extra)
 
 
 # ---- the stand-in itself ----------------------------------------------------------------

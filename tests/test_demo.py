@@ -1,6 +1,5 @@
 """The main job: `hetrain demo` on the built-in heterogeneous cluster."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import repo_env
+
 
 def _demo(run: Path, *flags: str):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env = repo_env()
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "demo", "--run-dir", str(run), *flags],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -21,7 +21,7 @@ from hetrain.runtime.topology import build_topology
 from hetrain.train.checkpoint import CheckpointError, CommitStore, dumps, load_checkpoint
 from hetrain.train.elastic import State, load_committed
 from hetrain.train.sampler import GlobalBatchSampler
-from tests.helpers import small_cluster
+from tests.helpers import repo_env, small_cluster
 
 
 class Clock:
@@ -285,7 +285,7 @@ def test_a_process_exits_cleanly_while_its_heartbeat_beats():
     still inside a store call then is ended with a forced unwind through torch's C++
     frames, which aborts the process (SIGABRT, "terminate called without an active
     exception"), and the launcher would report a finished rank as failed."""
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = repo_env()
     # 8 exits (without the join, 4 in 10 such exits abort; 100% without stopping the beat),
     # run side by side: each process has its own store and heartbeat
     procs = [subprocess.Popen([sys.executable, "-c", _EXIT_WHILE_BEATING], stdout=subprocess.DEVNULL,

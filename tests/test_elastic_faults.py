@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import yaml
 
 from hetrain.train.sampler import GlobalBatchSampler
-from tests.helpers import SCRIPTS, small_cluster
+from tests.helpers import SCRIPTS, repo_env, small_cluster
 
 sys.path.insert(0, str(SCRIPTS))
 import elastic_train as et  # noqa: E402
@@ -49,7 +49,7 @@ class Job:
         cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--timeout", "10",
                "--run-dir", str(self.run_dir), *flags, str(SCRIPTS / "elastic_train.py"), "--out", str(self.out),
                "--batch", str(BATCH), *script_args]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+        env = repo_env()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)

@@ -4,14 +4,13 @@ a conversion changes few lines of the training loop; docs/porting.md shows the r
 import ast
 import difflib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import plain_reference_finished
+from tests.helpers import plain_reference_finished, repo_env
 
 ROOT = Path(__file__).parents[1]
 EXAMPLES = ROOT / "examples"
@@ -77,7 +76,7 @@ def _results(output: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_converted_example_matches_single_process(name, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     env.pop("RANK", None)
     args = CASES[name]
     plain = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], capture_output=True, text=True,

@@ -9,7 +9,6 @@ two-node launch of two `hetrain launch --nnodes 2 --node_rank i` on this host. T
 one-node DDP launch runs twice, so a launch that fails or aborts at exit now and then
 shows up; the other launches run once each (every suite run repeats them)."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SCRIPTS, free_port, plain_reference_finished
+from tests.helpers import SCRIPTS, free_port, plain_reference_finished, repo_env
 
 ROOT = Path(__file__).parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+ENV = repo_env()
 HETRAIN = [sys.executable, "-m", "hetrain.cli", "launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 DDP = [str(ROOT / "examples" / "ddp_digits.py"), "--epochs", "2"]

@@ -9,17 +9,15 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from hetrain.cluster import parse_cluster
 from hetrain.cluster.netns import NetnsCluster, netns_available
-from tests.helpers import SCRIPTS, free_port, small_cluster
+from tests.helpers import SCRIPTS, free_port, repo_env, small_cluster
 
-ROOT = Path(__file__).parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+ENV = repo_env()
 HETRAIN = [sys.executable, "-m", "hetrain.cli"]
 
 

@@ -1,16 +1,15 @@
 """Two machines: two network namespaces, each running `hetrain launch` with its node
 rank and the master's address, train the demo together."""
-import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from hetrain.cluster import parse_cluster
 from hetrain.cluster.netns import NetnsCluster, netns_available
+from tests.helpers import repo_env
 
 REASON = netns_available()
 
@@ -34,7 +33,7 @@ def test_two_node_launch_trains_the_demo(tmp_path):
         cfile = tmp_path / "two.yaml"
         cfile.write_text(yaml.safe_dump(cluster))
         port = str(random.randint(20000, 40000))
-        env = dict(os.environ, HETRAIN_SECRET="two-node-test-secret-0001", PYTHONPATH=str(Path(__file__).parents[1]))
+        env = repo_env(HETRAIN_SECRET="two-node-test-secret-0001")
         procs = []
         for node, host in ((0, "hostA"), (1, "hostB")):
             cmd = net.wrap(host, [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile),

@@ -1,14 +1,11 @@
 """Two members summing a bucket by swapping it (comm/p2p.py `Swap`): two real processes over
 gloo; both hold the same bits, equal to a + b and to gloo's own all-reduce."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers import free_port, repo_env
 
-ROOT = Path(__file__).parents[1]
 
 CHILD = r"""
 import json, sys, torch, torch.distributed as dist
@@ -34,7 +31,7 @@ dist.destroy_process_group()
 
 def test_a_swap_sums_two_buckets_to_the_same_bits_on_both_members():
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo")
+    env = repo_env(GLOO_SOCKET_IFNAME="lo")
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     seen = []

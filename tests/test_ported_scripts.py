@@ -6,7 +6,6 @@ with TorchState through a worker failure, and two BytePS scripts."""
 import ast
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import small_cluster
+from tests.helpers import repo_env, small_cluster
 
 ROOT = Path(__file__).parents[1]
 SCRIPTS = sorted((ROOT / "examples" / "horovod").glob("*.py")) + sorted((ROOT / "examples" / "byteps").glob("*.py"))
@@ -39,7 +38,7 @@ def _launch(tmp_path, script, *args, flags=()):
     cfile.write_text(yaml.safe_dump(small_cluster(workers=2, cpus=1)))
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "allreduce",
            "--timeout", "20", "--run-dir", str(tmp_path / "run"), *flags, str(script), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env, cwd=tmp_path)
     return proc.returncode, proc.stdout + proc.stderr
 

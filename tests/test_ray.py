@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import pythonpath, repo_env
+
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hetrain[ray]')")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +24,7 @@ def ray_cluster():
     from ray.cluster_utils import Cluster
 
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(REPO)  # Ray's processes (and so the ranks) import this tree
+    os.environ["PYTHONPATH"] = pythonpath()  # Ray's processes (and so the ranks) import this tree
     small = {"object_store_memory": 75 * 2**20, "num_cpus": 2}
     # a dead node is noticed after ~3 missed 1 s health checks (Ray's default: 5 x 3 s)
     health = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
@@ -50,7 +52,7 @@ def _launch(ray_cluster, tmp_path, machines, script_args, mode="allreduce"):
            "--ray-cpus", "0.5", "--cluster", str(cfile), "--mode", mode, "--timeout", "20",
            "--run-dir", str(tmp_path / "run"), *script_args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+                            env=repo_env())
 
 
 def _committed(job_dir: Path) -> dict:

@@ -4,17 +4,14 @@ runs a script as plain `python` would, and lets the process's native threads set
 processes; no collective needed."""
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from hetrain.runtime.settle import _runnable_threads, settle_native_threads
-from tests.helpers import SCRIPTS
+from tests.helpers import SCRIPTS, repo_env
 
-ROOT = Path(__file__).parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+ENV = repo_env()
 
 
 def _seen(proc: subprocess.CompletedProcess) -> dict:

@@ -1,11 +1,10 @@
 """Helpers for the HeterPS runtime tests: hand-made plans and a `hetrain train` runner."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parents[2]
+from tests.helpers import repo_env
 
 # ctr-small layers: 0-1 bottom MLP, 2-9 embedding lookups, 10 interaction, 11-13 top MLP
 THREE_STAGES = [((0, 5), "cpu", "cpu", 1), ((5, 11), "gpu-k80", "gpu", 2), ((11, 14), "cpu", "cpu", 1)]
@@ -24,6 +23,6 @@ def train(tmp_path: Path, plan: dict, *args: str, name: str = "run", limit: floa
     pfile.write_text(json.dumps(plan))
     run_dir = tmp_path / name
     cmd = [sys.executable, "-m", "hetrain.cli", "train", "--plan", str(pfile), "--run-dir", str(run_dir), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env, cwd=tmp_path)
     return p.returncode, p.stdout + p.stderr, run_dir

@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +9,11 @@ from hetrain.cluster.device import DeviceMemoryError, EmulatedDevice
 from hetrain.cluster.spec import DeviceSpec
 from hetrain.errors import UserError
 from hetrain.runtime.env import CommConfig
+from tests.helpers import pythonpath
 
-ROOT = Path(__file__).parents[2]
+# a bare environment (no caller's variables but PATH), with this tree and the caller's
+# PYTHONPATH, where the dependencies may be installed (tests/helpers.py `repo_env`)
+MINIMAL_ENV = {"PYTHONPATH": pythonpath(), "PATH": "/usr/bin:/bin"}
 
 
 def test_report_draws_pngs(tmp_path):
@@ -21,7 +23,7 @@ def test_report_draws_pngs(tmp_path):
                                "hidden_s": 0.01, "bytes": 1000 * (i + 1)} for i in range(3)}
             fh.write(json.dumps({"step": step, "ranks": ranks}) + "\n")
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "report", str(tmp_path)], capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                          text=True, env=MINIMAL_ENV)
     assert proc.returncode == 0, proc.stderr
     for name in ("shares.png", "time_split.png", "bytes.png"):
         png = tmp_path / "report" / name
@@ -30,7 +32,7 @@ def test_report_draws_pngs(tmp_path):
 
 def test_report_without_steps_says_what_to_do(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "report", str(tmp_path)], capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                          text=True, env=MINIMAL_ENV)
     assert proc.returncode == 2 and "steps.jsonl does not exist" in proc.stderr
 
 

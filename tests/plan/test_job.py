@@ -2,10 +2,8 @@
 fitting, the plan CLI, and `hetrain launch --plan / --auto` on the demo."""
 import itertools
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from hetrain.perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobMod
                               comm_time, fit, predict, rank)
 from hetrain.plan.job import DEFAULT_FITTED, load_job_plan, model_from_profile, plan_job
 from hetrain.plan.profile import profile_model
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import repo_env
 
 
 def synthetic(rng, n: int, k: int):
@@ -136,7 +133,6 @@ def test_fit_recovers_overhead_and_efficiency():
     assert got.overhead_s == pytest.approx(0.02, rel=1e-6) and got.efficiency == pytest.approx(0.6, rel=1e-5)
 
 
-
 def test_fit_overhead_from_an_overlapped_all_reduce_alone():
     """An all-reduce job always overlaps: its profiled step alone fits the overhead (what
     `launch --auto` has), and the fitted model reproduces that step."""
@@ -188,7 +184,7 @@ def test_plan_cli_ranks_writes_and_refuses(tmp_path, capsys):
 
 
 def _launch(*args: str, timeout: int = 300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     proc = subprocess.run([sys.executable, "-m", "hetrain.cli", "launch", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
