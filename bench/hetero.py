@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from pinned_pair import repo_env  # noqa: E402
 WORKER = ROOT / "bench" / "hetero_worker.py"
 REAL_WORKER = ROOT / "bench" / "real_worker.py"
 SPEEDS = [1.0, 1.0, 0.5, 0.25]
@@ -76,7 +77,7 @@ def _launch(tmp: Path, tag: str, cluster: dict, mode: str, worker_args: list[str
     out = tmp / f"{tag}.json"
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--quiet", "--cluster", str(cfile), "--mode", mode,
            "--run-dir", str(tmp / f"run-{tag}"), *flags, str(worker), *worker_args, "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()  # the repository before the caller's PYTHONPATH
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
     if proc.returncode != 0:

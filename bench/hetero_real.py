@@ -54,6 +54,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from pinned_pair import repo_env  # noqa: E402
 
 
 # ---------------------------------------------------------------- the worker (launched) --
@@ -437,7 +439,7 @@ def main(argv=None) -> int:
                "--steps", str(steps), "--warmup", str(warmup),
                "--window", str(a.window), "--lr", str(a.lr), "--calib-reps", str(a.calib_reps),
                "--calib-batches", *map(str, a.calib_batches)]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = repo_env()  # the repository before the caller's PYTHONPATH
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if proc.returncode != 0:
