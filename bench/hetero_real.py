@@ -372,6 +372,14 @@ def _report(res: dict, a) -> dict:
         if "compute_ms" in ph:
             print(f"  {name:<6} step {ph['step_ms']:.2f} ms; per worker (ms, median): compute {ph['compute_ms']}, "
                   f"exchange {ph['comm_ms']}, waiting {ph['wait_ms']}")
+    if all("step_ms" in res[k] for k in ("gpu", "cpu", "mixed")):
+        # the same from the median step: a few long steps among a quick run's 15 move the wall-clock rate
+        b = summary["global_batch"]
+        g, c, m = (b / (res[k]["step_ms"] / 1e3) for k in ("gpu", "cpu", "mixed"))
+        summary.update(gpu_sps_median_step=g, cpu_sps_median_step=c, mixed_sps_median_step=m,
+                       efficiency_median_step=m / (g + c))
+        print(f"from the median step: GPU only {g:.0f}, CPU only {c:.0f}, balanced {m:.0f} samples/s; "
+              f"mixed / ideal {m / (g + c):.3f}")
     print(f"mixed / ideal = {summary['efficiency']:.3f} (bar 0.85, goal 0.95); compute spread "
           f"{summary['compute_spread'] if summary['compute_spread'] is None else round(summary['compute_spread'], 3)} "
           f"(bar 1.10, goal 1.05); CPU workers add {100 * summary['cpu_over_gpu']:.0f}% of the GPU's samples/s")
