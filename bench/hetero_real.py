@@ -273,9 +273,8 @@ def _phase(a, loader, model, opt, batch: int) -> dict:
                 break
     loader.finish()  # close the last step (measured and exchanged like the others)
     stamps = np.asarray(stamps)
-    wall = stamps[-1] - stamps[a.warmup - 1]
     sp = np.asarray(loader.spreads[a.warmup:], dtype=float)
-    return {"sps": batch * (len(stamps) - a.warmup) / wall,
+    return {"sps": batch * (len(stamps) - a.warmup) / (stamps[-1] - stamps[a.warmup - 1]),
             "shares": [h.tolist() for h in loader.balancer.history],
             "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
             "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
