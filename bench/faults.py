@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from hetrain.runtime.env import ProcEnv  # noqa: E402
 from hetrain.runtime.topology import build_topology  # noqa: E402
 from hetrain.train.checkpoint import CommitStore, loads  # noqa: E402
+from faults_report import plot, summarise, table  # noqa: E402
 from pinned_pair import repo_env  # noqa: E402
 
 KINDS = ("kill-worker", "kill-server", "stop-worker", "stop-server", "link-down", "rogue-join", "truncated-commit",
@@ -414,67 +415,6 @@ def campaign(kind: str, n: int, work: Path, timeout: float, rng: random.Random, 
     return faults, cold
 
 
-def summarise(faults: list[Fault]) -> list[dict]:
-    rows = []
-    for kind in KINDS:
-        fs = [f for f in faults if f.kind == kind]
-        if not fs:
-            continue
-        rec = [f.recover_s for f in fs if f.recover_s is not None]
-        rep = [f.report_s for f in fs if f.report_s is not None]
-        rows.append({"kind": kind, "injected": len(fs), "recovered": sum(f.recovered for f in fs),
-                     "reported": sum(f.reported for f in fs), "in_time": sum(f.in_time for f in fs),
-                     "restarted": sum(f.restarted for f in fs), "lost_updates": sum(f.lost_updates for f in fs),
-                     "hangs": sum(f.hang for f in fs),
-                     "recover_s_median": statistics.median(rec) if rec else None,
-                     "recover_s_max": max(rec) if rec else None,
-                     "report_s_median": statistics.median(rep) if rep else None,
-                     "damage_reported": sum(f.damage_reported for f in fs),
-                     "survivors_naming": sum(f.survivors_naming for f in fs),
-                     "survivors_total": sum(f.survivors_total for f in fs)})
-    return rows
-
-
-def table(rows: list[dict], cold: float, timeout: float) -> str:
-    def fmt(v):
-        return "-" if v is None else f"{v:.1f}"
-
-    head = (f"{'kind':<17}{'inj':>4}{'recov':>6}{'rep':>5}{'in time':>8}{'lost':>5}{'hangs':>6}"
-            f"{'recover s':>10}{'(max)':>7}{'report s':>9}{'survivors naming':>18}")
-    out = [head, "-" * len(head)]
-    for r in rows:
-        out.append(f"{r['kind']:<17}{r['injected']:>4}{r['recovered']:>6}{r['reported']:>5}{r['in_time']:>8}"
-                   f"{r['lost_updates']:>5}{r['hangs']:>6}{fmt(r['recover_s_median']):>10}{fmt(r['recover_s_max']):>7}"
-                   f"{fmt(r['report_s_median']):>9}{r['survivors_naming']:>10}/{r['survivors_total']:<7}")
-    out.append(f"cold start (launch to first commit), median: {cold:.1f} s; peer timeout {timeout:g} s; "
-               "'in time' = recovered or reported within timeout + 5 s")
-    return "\n".join(out)
-
-
-def plot(faults: list[Fault], cold: float, timeout: float, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    kinds = [k for k in KINDS if any(f.kind == k for f in faults)]
-    for i, k in enumerate(kinds):
-        rec = [f.recover_s for f in faults if f.kind == k and f.recover_s is not None]
-        rep = [f.report_s for f in faults if f.kind == k and f.report_s is not None]
-        ax.scatter([i - 0.12] * len(rec), rec, color="tab:blue", s=18, label="recovered" if i == 0 else None)
-        ax.scatter([i + 0.12] * len(rep), rep, color="tab:orange", marker="x", s=22,
-                   label="reported" if i == 0 else None)
-    ax.axhline(cold, color="tab:green", ls="--", label=f"cold start {cold:.1f} s")
-    ax.axhline(timeout, color="grey", ls=":", label=f"peer timeout {timeout:g} s")
-    ax.set_xticks(range(len(kinds)), kinds, rotation=25, ha="right")
-    ax.set_ylabel("seconds after the fault")
-    ax.set_title("hetrain fault campaign: digits demo, 3 workers + 1 CPU machine, netns links")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="7 faults of each kind (56), else 15 (120)")
@@ -508,7 +448,7 @@ def main(argv=None) -> int:
             faults += fs
             colds.append(cold)
     cold = statistics.median(colds)
-    rows = summarise(faults)
+    rows = summarise(faults, KINDS)
     print()
     print(table(rows, cold, args.timeout))
     load_end = os.getloadavg()
@@ -524,7 +464,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         png = Path(args.png) if args.png else Path(args.json).with_suffix(".png")
-        plot(faults, cold, args.timeout, png)
+        plot(faults, KINDS, cold, args.timeout, png)
         print(f"wrote {args.json} and {png}")
     return 0
 
