@@ -69,6 +69,36 @@ def run_planner(name: str, problem: Problem, repeats: int, seed: int = 0):
     return worst, statistics.median(times), times
 
 
+def print_summary(ratios: list[dict], headline: list[dict], timing: dict) -> None:
+    """The closing summary: RL against exact cost per case, the best heterogeneous plan
+    against the homogeneous ones, and the 200-layer planning time."""
+    print("\nrl cost / exact cost on feasible cases:")
+    vals = [r["rl_over_exact"] if r["rl_over_exact"] is not None else np.inf for r in ratios]
+    for r in ratios:
+        pol = f"{r['policy_over_exact']:.3f}" if r["policy_over_exact"] else "infeasible"
+        rl = f"{r['rl_over_exact']:.3f}" if r["rl_over_exact"] else "infeasible"
+        print(f"  {r['model']:12s} {r['catalogue']:4s} {r['target_frac']:4.0%}: rl {rl}"
+              f"  (before the final local polish {pol})  exact cheapest of all: {r['exact_is_min']}")
+    if vals:
+        print(f"  max {max(vals):.3f}, median {statistics.median(vals):.3f}, equal to exact in "
+              f"{sum(v <= 1 + 1e-9 for v in vals)}/{len(vals)}, within 1.05 in {sum(v <= 1.05 for v in vals)}/{len(vals)}")
+    print("\nbest heterogeneous plan vs homogeneous plans (HeterPS headline: "
+          f"{HEADLINE['throughput_x']}x throughput, {HEADLINE['cost_lower_pct']}% lower cost):")
+    for h in headline:
+        def r(a, b):
+            return f"{a / b:.2f}x" if a and b else "n/a"
+        print(f"  {h['model']:12s} {h['catalogue']:4s} max samples/s: best {h['best_throughput']:,.0f}, "
+              f"all-GPU {h['all_gpu_throughput']:,.0f} ({r(h['best_throughput'], h['all_gpu_throughput'])}), "
+              f"all-CPU {h['all_cpu_throughput']:,.0f} ({r(h['best_throughput'], h['all_cpu_throughput'])}); "
+              f"cost at {h['target']:,.0f}/s: best ${h['best_cost']:.2f}, all-GPU "
+              f"{'$%.2f' % h['all_gpu_cost'] if h['all_gpu_cost'] else 'infeasible'} "
+              f"({'%.0f%% higher' % (100 * (h['all_gpu_cost'] / h['best_cost'] - 1)) if h['all_gpu_cost'] else '-'}), "
+              f"all-CPU {'$%.2f' % h['all_cpu_cost'] if h['all_cpu_cost'] else 'infeasible'} "
+              f"({'%.0f%% higher' % (100 * (h['all_cpu_cost'] / h['best_cost'] - 1)) if h['all_cpu_cost'] else '-'})")
+    print(f"\n200-layer transformer (aws, target {timing['target']:,.0f}/s): exact {timing['exact_s']:.2f} s, "
+          f"rl {timing['rl_s']:.2f} s (rl/exact cost {timing['rl_over_exact']})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one repeat, fewer profile repeats")
@@ -153,32 +183,7 @@ def main(argv=None) -> int:
               "exact_s_all": ex_all, "rl_s_all": rl_all,
               "rl_over_exact": fnum(rl200.score.hourly / ex200.score.hourly) if ex200.feasible else None}
 
-    # summary
-    print("\nrl cost / exact cost on feasible cases:")
-    vals = [r["rl_over_exact"] if r["rl_over_exact"] is not None else np.inf for r in ratios]
-    for r in ratios:
-        pol = f"{r['policy_over_exact']:.3f}" if r["policy_over_exact"] else "infeasible"
-        rl = f"{r['rl_over_exact']:.3f}" if r["rl_over_exact"] else "infeasible"
-        print(f"  {r['model']:12s} {r['catalogue']:4s} {r['target_frac']:4.0%}: rl {rl}"
-              f"  (before the final local polish {pol})  exact cheapest of all: {r['exact_is_min']}")
-    if vals:
-        print(f"  max {max(vals):.3f}, median {statistics.median(vals):.3f}, equal to exact in "
-              f"{sum(v <= 1 + 1e-9 for v in vals)}/{len(vals)}, within 1.05 in {sum(v <= 1.05 for v in vals)}/{len(vals)}")
-    print("\nbest heterogeneous plan vs homogeneous plans (HeterPS headline: "
-          f"{HEADLINE['throughput_x']}x throughput, {HEADLINE['cost_lower_pct']}% lower cost):")
-    for h in headline:
-        def r(a, b):
-            return f"{a / b:.2f}x" if a and b else "n/a"
-        print(f"  {h['model']:12s} {h['catalogue']:4s} max samples/s: best {h['best_throughput']:,.0f}, "
-              f"all-GPU {h['all_gpu_throughput']:,.0f} ({r(h['best_throughput'], h['all_gpu_throughput'])}), "
-              f"all-CPU {h['all_cpu_throughput']:,.0f} ({r(h['best_throughput'], h['all_cpu_throughput'])}); "
-              f"cost at {h['target']:,.0f}/s: best ${h['best_cost']:.2f}, all-GPU "
-              f"{'$%.2f' % h['all_gpu_cost'] if h['all_gpu_cost'] else 'infeasible'} "
-              f"({'%.0f%% higher' % (100 * (h['all_gpu_cost'] / h['best_cost'] - 1)) if h['all_gpu_cost'] else '-'}), "
-              f"all-CPU {'$%.2f' % h['all_cpu_cost'] if h['all_cpu_cost'] else 'infeasible'} "
-              f"({'%.0f%% higher' % (100 * (h['all_cpu_cost'] / h['best_cost'] - 1)) if h['all_cpu_cost'] else '-'})")
-    print(f"\n200-layer transformer (aws, target {p200.target:,.0f}/s): exact {ex_s:.2f} s, rl {rl_s:.2f} s "
-          f"(rl/exact cost {timing['rl_over_exact']})")
+    print_summary(ratios, headline, timing)
     if args.json:
         Path(args.json).write_text(json.dumps({"cases": cases, "rl_ratios": ratios, "headline": headline,
                                                "heterps_headline": HEADLINE, "timing_200_layers": timing,
