@@ -47,6 +47,26 @@ from hetrain.plan.render import plan_to_dict  # noqa: E402
 PLANS = (("exact", "exact"), ("all-gpu", "gpu"), ("all-cpu", "cpu"))
 
 
+def print_table(cases: list[dict], auc: dict, args, steps: int, catalogue: str) -> None:
+    """The emulated runs' table: measured against predicted per plan, prices, the AUC check."""
+    w = max(len(c["plan"]) for c in cases)
+    print(f"\nHeterPS runtime, ctr-small on {catalogue}: target {args.target:,.0f} samples/s, batch {args.batch}, "
+          f"{args.micro_batches} micro-batches/step, {steps} steps (1 warm-up), median of {args.repeats}")
+    print(f"{'plan':<{w}}  {'stages':<40} {'procs':>5} {'measured':>9} {'predicted':>9} {'error':>7} "
+          f"{'$/hour':>7} {'$/1M samples':>12} {'$/run':>8} {'late slots':>10}")
+    for c in cases:
+        print(f"{c['plan']:<{w}}  {' '.join(c['stages']):<40} {c['processes']:>5} {c['measured_sps']:>9,.1f} "
+              f"{c['predicted_sps']:>9,.1f} {c['error'] * 100:>+6.1f}% {c['price_per_hour']:>7.2f} "
+              f"{c['cost_per_million']:>12.3f} {c['cost']:>8.2f} {statistics.median(c['over_target']):>10.0f}")
+    best = min(cases, key=lambda c: c["cost_per_million"])
+    print(f"cheapest measured per sample: {best['plan']}; run = {args.samples:,.0g} samples")
+    print(f"AUC after {auc['samples']:,} samples: pipeline {auc['pipeline']:.4f}, single process {auc['single']:.4f} "
+          f"(diff {auc['pipeline'] - auc['single']:+.4f}); ceiling (hidden model) {auc['ceiling']:.4f}")
+    print("emulated: per-micro-batch compute+transfer and all-reduce times come from the cost model's profile "
+          "(sleep-padded); real: the math, gloo messages, sparse PS. 'late slots': micro-batches whose real work "
+          "on the shared host overran the emulated time (host contention; they make 'measured' lower).")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps (still 3 repeats)")
@@ -127,22 +147,7 @@ def main() -> int:
     auc = {"pipeline": evaluate_auc(assemble(spec, spec.steps), spec), "single": evaluate_auc(single, spec),
            "ceiling": CTRData(spec.data).ceiling_auc, "samples": spec.steps * spec.batch}
 
-    w = max(len(c["plan"]) for c in cases)
-    print(f"\nHeterPS runtime, ctr-small on {cat.name}: target {args.target:,.0f} samples/s, batch {args.batch}, "
-          f"{args.micro_batches} micro-batches/step, {steps} steps (1 warm-up), median of {args.repeats}")
-    print(f"{'plan':<{w}}  {'stages':<40} {'procs':>5} {'measured':>9} {'predicted':>9} {'error':>7} "
-          f"{'$/hour':>7} {'$/1M samples':>12} {'$/run':>8} {'late slots':>10}")
-    for c in cases:
-        print(f"{c['plan']:<{w}}  {' '.join(c['stages']):<40} {c['processes']:>5} {c['measured_sps']:>9,.1f} "
-              f"{c['predicted_sps']:>9,.1f} {c['error'] * 100:>+6.1f}% {c['price_per_hour']:>7.2f} "
-              f"{c['cost_per_million']:>12.3f} {c['cost']:>8.2f} {statistics.median(c['over_target']):>10.0f}")
-    best = min(cases, key=lambda c: c["cost_per_million"])
-    print(f"cheapest measured per sample: {best['plan']}; run = {args.samples:,.0g} samples")
-    print(f"AUC after {auc['samples']:,} samples: pipeline {auc['pipeline']:.4f}, single process {auc['single']:.4f} "
-          f"(diff {auc['pipeline'] - auc['single']:+.4f}); ceiling (hidden model) {auc['ceiling']:.4f}")
-    print("emulated: per-micro-batch compute+transfer and all-reduce times come from the cost model's profile "
-          "(sleep-padded); real: the math, gloo messages, sparse PS. 'late slots': micro-batches whose real work "
-          "on the shared host overran the emulated time (host contention; they make 'measured' lower).")
+    print_table(cases, auc, args, steps, cat.name)
     if args.json:
         Path(args.json).write_text(json.dumps({"cases": cases, "auc": auc, "target": args.target,
                                                "batch": args.batch, "steps": steps,
