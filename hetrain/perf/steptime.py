@@ -268,7 +268,8 @@ def median_spread(spreads, skip: int) -> float:
 
 # ---- who is worth a share, and how to split: the two balancing strategies --------------
 
-def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1) -> np.ndarray:
+def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1,
+                   small_share: float | None = None) -> np.ndarray:
     """Which workers make the step faster by taking part (bool per worker).
 
     A worker given even `min_samples` costs the step its fixed part plus those samples;
@@ -277,15 +278,16 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
     is zero. The workers with the slowest minimums are dropped, as many as make the
     predicted step (max over the workers with samples) shortest, when that beats keeping
     them all by more than `margin` (fits are noisy: a worker is not sent away for a
-    predicted 1%); then, whoever's best share is under a tenth of an equal share
-    (`SMALL_SHARE`). A worker the rest cannot hold the batch without stays. A dropped
+    predicted 1%); then, whoever's best share is under `small_share` of an equal share
+    (default `SMALL_SHARE`, a tenth; 0: none). A worker the rest cannot hold the batch
+    without stays. A dropped
     worker rejoins as soon as the fits say it helps (the caller solves again with new
     fits)."""
-    return _useful(global_batch, fixed, per_sample, caps, min_samples, margin)[0]
+    return _useful(global_batch, fixed, per_sample, caps, min_samples, margin, small_share)[0]
 
 
-def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1,
-            margin: float = 0.1) -> tuple[np.ndarray, np.ndarray | None]:
+def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1,
+            small_share: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """`useful_workers`, and the shares of the workers kept (None: nothing forced on anyone,
     or the batch does not fit, which the solver reports).
 
@@ -316,7 +318,7 @@ def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1,
     slowest = max((i for i in range(n) if first[i] > 0), key=lambda i: f[i] + p[i] * int(first[i]))
     held = first[slowest] <= min(c[slowest], lo_min)
     if not held and max(p[i] for i in range(n) if keep[i]) <= margin * best:
-        return _without_small_shares(g, c, keep, first, step)
+        return _without_small_shares(g, c, keep, first, step, small_share)
     # drop the k slowest minimums for the best k, not one at a time until one drop fails to
     # help: several stragglers of about the same minimum (CPU workers beside a GPU) each
     # hold the step alone, so leaving out any one of them changes nothing
@@ -337,16 +339,17 @@ def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1,
             best_keep, best_trial = list(trial), t_trial
     if best_trial < best * (1 - margin):
         keep = best_keep
-    return _without_small_shares(g, c, keep, first if keep == start else step(keep)[1], step)
+    return _without_small_shares(g, c, keep, first if keep == start else step(keep)[1], step, small_share)
 
 
-SMALL_SHARE = 0.1  # a worker whose best share is under this fraction of an equal share sits out
+SMALL_SHARE = 0.1  # by default a worker whose best share is under this fraction of an equal share sits out
 
 
-def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndarray,
-                          step) -> tuple[np.ndarray, np.ndarray]:
-    """Leave out the workers whose share is under `SMALL_SHARE` of an equal one (smallest
-    first, a worker the rest need for the batch stays), solve again, until none is left.
+def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndarray, step,
+                          small_share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Leave out the workers whose share is under `small_share` (default `SMALL_SHARE`) of
+    an equal one (smallest first, a worker the rest need for the batch stays), solve again,
+    until none is left.
 
     Such a worker shortens the compute by a few percent at most, and a worker in the step
     costs what the compute fits do not see: its part in the exchange (every worker's
@@ -354,9 +357,9 @@ def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndar
     shared host. On a GPU beside three CPU workers of 4 threads, shares of 1 to 5% of an
     equal one made the step 22 to 34% longer than the same job with those workers
     at zero samples (`bench/hetero_real.py`)."""
-    n = len(c)
+    n, frac = len(c), SMALL_SHARE if small_share is None else small_share
     while sum(keep) > 1:
-        small = sorted((i for i in range(n) if keep[i] and sizes[i] < SMALL_SHARE * g / sum(keep)),
+        small = sorted((i for i in range(n) if keep[i] and sizes[i] < frac * g / sum(keep)),
                        key=lambda i: int(sizes[i]))
         trial = list(keep)
         for i in small:
@@ -402,14 +405,15 @@ class StepPlan:
 
 
 def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
-                 memory_per_sample: float = 0.0, drop: bool = True) -> StepPlan:
+                 memory_per_sample: float = 0.0, drop: bool = True, small_share: float | None = None) -> StepPlan:
     """Shares for the unequal-batch strategy, with workers that would not help left out
     unless `drop` is False (`labels`, `memory_per_sample`: for the message when the batch
     does not fit)."""
     fixed = np.asarray(fixed, dtype=float)
     per = np.asarray(per_sample, dtype=float)
     caps = np.minimum(np.asarray(caps, dtype=np.int64), int(global_batch))
-    keep, sizes = _useful(global_batch, fixed, per, caps, min_samples) if drop else (caps > 0, None)
+    keep, sizes = (_useful(global_batch, fixed, per, caps, min_samples, small_share=small_share) if drop
+                   else (caps > 0, None))
     if sizes is None:
         sizes = solve_shares(global_batch, fixed, per, np.where(keep, caps, 0), min_samples, labels,
                              memory_per_sample)
@@ -418,7 +422,7 @@ def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 
 
 
 def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps=None, pass_fixed=None,
-                    min_passes: int = 1, drop: bool = True) -> StepPlan:
+                    min_passes: int = 1, drop: bool = True, small_share: float | None = None) -> StepPlan:
     """Counts of equal micro-batches of `micro` samples (the last one of the step may be
     smaller when `micro` does not divide the batch): worker i runs k_i passes costing
     fixed_i + k_i · (pass_fixed_i + micro · per_sample_i); Σ k_i · micro covers the global
@@ -433,7 +437,7 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
     pf = np.zeros(n) if pass_fixed is None else np.asarray(pass_fixed, dtype=float)
     caps = np.full(n, units, dtype=np.int64) if micro_caps is None else np.asarray(micro_caps, dtype=np.int64)
     per_unit = pf + micro * np.where(np.isfinite(per) & (per > 0), per, np.nanmean(per) if np.isfinite(per).any() else 1.0)
-    keep = useful_workers(units, fixed, per_unit, caps, min_passes) if drop else caps > 0
+    keep = useful_workers(units, fixed, per_unit, caps, min_passes, small_share=small_share) if drop else caps > 0
     counts = solve_shares(units, fixed, per_unit, np.where(keep, caps, 0), min_passes)
     sizes = counts * micro
     extra = int(sizes.sum()) - int(global_batch)  # the step's last micro-batch is short
@@ -446,19 +450,21 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
 
 def plan_step(global_batch: int, fixed, per_sample, caps, micro: int = 0, micro_caps=None, pass_fixed=None,
               strategy: Literal["auto", "unequal", "accumulate"] = "auto", min_samples: int = 1, labels=None,
-              memory_per_sample: float = 0.0, drop: bool = True) -> StepPlan:
+              memory_per_sample: float = 0.0, drop: bool = True, small_share: float | None = None) -> StepPlan:
     """The faster of the two strategies for these fits (`strategy="auto"`), or the one
     asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`.
-    `drop`: leave out workers too slow to help (`useful_workers`)."""
+    `drop`: leave out workers too slow to help, `small_share`: and those whose best share
+    is under that fraction of an equal share (`useful_workers`)."""
     if strategy not in ("auto", "unequal", "accumulate"):
         raise UserError(f"balancing strategy must be 'auto', 'unequal' or 'accumulate', got {strategy!r}")
     if strategy == "accumulate" or (strategy == "auto" and micro > 0):
         acc = plan_accumulate(global_batch, micro, fixed, per_sample, micro_caps, pass_fixed, min(1, min_samples),
-                              drop)
+                              drop, small_share)
         if strategy == "accumulate":
             return acc
     try:
-        une = plan_unequal(global_batch, fixed, per_sample, caps, min_samples, labels, memory_per_sample, drop)
+        une = plan_unequal(global_batch, fixed, per_sample, caps, min_samples, labels, memory_per_sample, drop,
+                           small_share)
     except BatchDoesNotFitError:
         if strategy == "auto" and micro > 0:
             return acc

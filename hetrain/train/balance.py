@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..perf.steptime import StepPlan, StepTimeModel, plan_step, predicted_times
+from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, predicted_times
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
@@ -55,6 +55,10 @@ class BalanceConfig:
     memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
     reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
     min_samples: int = 1  # a worker that takes part gets at least this many samples (its speed stays measurable)
+    # a worker whose best share is under this fraction of an equal share sits out: it would
+    # shorten the compute by a few percent at most, and its part in the exchange costs more
+    # (0: only workers too slow to help at all sit out)
+    small_share: float = SMALL_SHARE
     # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
     # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
     # auto: the one the step-time model predicts faster for the measured workers
@@ -78,6 +82,8 @@ class BalanceConfig:
             raise UserError("memory_per_sample and reserved_bytes must be >= 0 bytes")
         if self.min_samples < 0:
             raise UserError("min_samples must be >= 0")
+        if not 0.0 <= self.small_share < 1.0:
+            raise UserError(f"small_share must be a fraction of an equal share in [0, 1) (0: off), got {self.small_share}")
         if self.strategy not in ("auto", "unequal", "accumulate"):
             raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
         if not 0.0 <= self.tail < 1.0:
@@ -298,7 +304,7 @@ class Balancer:
         args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed,
                     min_samples=max(1, self.cfg.min_samples) if keep else self.cfg.min_samples,
                     labels=self.labels, memory_per_sample=self.cfg.memory_per_sample,
-                    drop=int(total) == self.global_batch and not keep)
+                    drop=int(total) == self.global_batch and not keep, small_share=self.cfg.small_share)
         if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
             # (an epoch's last partial batch keeps the strategy chosen for the full ones)
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)

@@ -48,6 +48,25 @@ def test_a_worker_whose_share_is_a_sliver_sits_out():
     assert useful_workers(16384, fixed, per, [16384] * 4).tolist() == [True, False, False, False]
     assert plan_unequal(16384, fixed, per, [16384] * 4).sizes.tolist() == [16384, 0, 0, 0]
     assert plan_unequal(512, [0.0, 0.0], [1e-4, 2e-4], [512, 512]).sizes.tolist() == [342, 170]
+    # small_share=0 (BalanceConfig.small_share): only workers too slow to help at all sit out
+    assert plan_unequal(16384, fixed, per, [16384] * 4, small_share=0.0).sizes.tolist() == both.tolist()
+    with pytest.raises(UserError, match="small_share"):
+        BalanceConfig(small_share=1.0)
+
+
+def test_the_balancer_takes_small_share_from_its_config():
+    """The other worker reports 1 ms a sample, this one measures 10 us: its best share is
+    9 samples of 1000, 2% of an equal share. By default it sits out; with
+    BalanceConfig(small_share=0) it keeps them."""
+    def balancer(**cfg):
+        b = Balancer(None, 1000, BalanceConfig(overlap_exchange=False, every=1, **cfg),
+                     gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.001]), num_workers=2)
+        b.record(500, 0.005)
+        b.update()
+        return b.sizes.tolist()
+
+    assert balancer() == [1000, 0]
+    assert balancer(small_share=0.0) == [991, 9]
 
 
 def test_zero_share_worker_leaves_the_step_and_rejoins():
