@@ -21,12 +21,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def repo_env(**extra) -> dict:
-    """`dict(os.environ, **extra)` with the repository root put before the caller's
-    PYTHONPATH, not in its place: where the dependencies are installed in a folder reached
-    only through PYTHONPATH (`pip install --target DIR`), a launched process needs both."""
-    paths = (str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep))
-    return dict(os.environ, **extra, PYTHONPATH=os.pathsep.join(dict.fromkeys(p for p in paths if p)))
+def pythonpath(*front) -> str:
+    """PYTHONPATH for a launched process: `front` paths, the repository root, then the
+    caller's own PYTHONPATH (os.pathsep-joined, no empty or repeated entries)."""
+    old = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(dict.fromkeys(str(p) for p in (*front, ROOT, *old) if str(p)))
+
+
+def repo_env(*front, **extra) -> dict:
+    """`dict(os.environ, **extra)` for a process a bench or a test launches, with this tree
+    importable: `pythonpath(*front)`. Prepending, not replacing, matters where the
+    dependencies are installed in a folder reached only through PYTHONPATH (`pip install
+    --target DIR`, PYTHONPATH=DIR): a replaced PYTHONPATH leaves every launched process
+    without them. (The tests use these too, through tests/helpers.py.)"""
+    return dict(os.environ, **extra, PYTHONPATH=pythonpath(*front))
 
 
 def start(doc: str, quick_help: str, worker: Callable[[str, int], None], script: str) -> argparse.Namespace | int:

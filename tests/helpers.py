@@ -1,5 +1,5 @@
 """Shared test helpers (a module, not conftest, so test folders can't shadow it)."""
-import os
+import importlib.util
 import socket
 from pathlib import Path
 
@@ -7,20 +7,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def pythonpath(*front) -> str:
-    """PYTHONPATH for a launched process: `front` paths, the repository root, then the
-    caller's own PYTHONPATH (os.pathsep-joined, no empty or repeated entries). See `repo_env`."""
-    old = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    return os.pathsep.join(dict.fromkeys(str(p) for p in (*front, ROOT, *old) if str(p)))
+def _bench_helpers():
+    """bench/pinned_pair.py, loaded by path (bench/ is no package, and putting it on
+    sys.path would let its script names shadow modules)."""
+    spec = importlib.util.spec_from_file_location("bench_pinned_pair", ROOT / "bench" / "pinned_pair.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def repo_env(*front, **extra) -> dict:
-    """`dict(os.environ, **extra)` for a process a test launches, with this tree importable:
-    PYTHONPATH is `front` paths, the repository root, then the caller's PYTHONPATH.
-    Prepending, not replacing, matters where the dependencies (pydantic, torch, ...) are
-    installed in a folder reached only through PYTHONPATH (`pip install --target DIR`,
-    PYTHONPATH=DIR): a replaced PYTHONPATH leaves every launched process without them."""
-    return dict(os.environ, **extra, PYTHONPATH=pythonpath(*front))
+# the environment of a process a test launches: the benches' own (the tree before the
+# caller's PYTHONPATH, where the dependencies may be installed)
+_BENCH = _bench_helpers()
+pythonpath, repo_env = _BENCH.pythonpath, _BENCH.repo_env
 
 
 def free_port() -> int:

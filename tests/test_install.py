@@ -1,7 +1,6 @@
 """Installing hetrain keeps the PyTorch a machine already has; the README opens with the
 two set-up commands, and CI runs the second of them; the processes the tests and benches
 launch keep the dependencies that the caller's PYTHONPATH reaches."""
-import importlib.util
 import os
 import re
 import subprocess
@@ -47,14 +46,12 @@ def test_readme_opens_with_two_setup_commands_and_ci_runs_the_second():
 
 def test_launched_processes_keep_the_callers_pythonpath(monkeypatch):
     """Dependencies installed with `pip install --target DIR` are reached through
-    PYTHONPATH=DIR only: the tests' and the benches' `repo_env` put the tree before it."""
-    spec = importlib.util.spec_from_file_location("pinned_pair", ROOT / "bench" / "pinned_pair.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    PYTHONPATH=DIR only: `repo_env` (bench/pinned_pair.py, which the tests use too) puts
+    the tree before it."""
     root, outer, front = str(ROOT.resolve()), "/outer/site", "/stand/in"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([outer, "", root]))
     env = repo_env(front, EXTRA="1")
     assert env["PYTHONPATH"].split(os.pathsep) == [front, root, outer] and env["EXTRA"] == "1"
-    assert bench.repo_env(EXTRA="1")["PYTHONPATH"].split(os.pathsep) == [root, outer]
+    assert repo_env()["PYTHONPATH"].split(os.pathsep) == [root, outer]
     monkeypatch.delenv("PYTHONPATH")
-    assert repo_env()["PYTHONPATH"] == bench.repo_env()["PYTHONPATH"] == root
+    assert repo_env()["PYTHONPATH"] == root
