@@ -76,6 +76,11 @@ def _sps(run: dict, gb: int, skip: int) -> float:
     return float(samples / (t[-1] - t[skip]))
 
 
+def _step_s(runs: list[dict], skip: int) -> np.ndarray:
+    """Each run's mean step (seconds) over its measured steps."""
+    return np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in runs])
+
+
 def _time_to(run: dict, target: float):
     return next((t for _s, t, acc in run["accs"] if acc >= target), None)
 
@@ -261,7 +266,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
     equal = [_slowest_compute(r, skip) for r in ddp]
     saved = np.asarray([saved_per_step(np.asarray(r["fixed_s"]), np.asarray(r["slope_s"]), d, skip)
                         for r, d in zip(speed_runs, ddp)])
-    ddp_step = np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in ddp])
+    ddp_step = _step_s(ddp, skip)
     ideal = ddp_step / np.maximum(ddp_step - saved, 1e-9)
     out["uneven"] = {"per_sample_s": np.median(speeds, axis=0).tolist(),
                      "fixed_s": np.median([r["fixed_s"] for r in speed_runs], axis=0).tolist(),
@@ -282,7 +287,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
         # fraction meaningless; the per-repeat fractions are kept beside)
         over_ideal = (float(np.median(gain)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)
         shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
-        step = np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in runs])
+        step = _step_s(runs, skip)
         behind = step - (ddp_step / ideal)[:len(step)]  # this system's step minus the ideal step, per repeat
         out["uneven"][kind] = {"samples_per_s": float(np.median([_sps(r, gb, skip) for r in runs])),
                                "over_ddp": float(np.median(gain)), "over_ideal": over_ideal,
