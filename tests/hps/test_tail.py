@@ -56,6 +56,34 @@ def test_claims_take_each_sample_once_and_old_keys_go():
     assert store.num_keys() == 2
 
 
+class _CountingStore:
+    """A HashStore that counts its `add` calls (each is a round trip to the launcher's store)."""
+
+    def __init__(self):
+        self.inner, self.adds = dist.HashStore(), 0
+
+    def add(self, key, amount):
+        self.adds += 1
+        return self.inner.add(key, amount)
+
+    def delete_key(self, key):
+        return self.inner.delete_key(key)
+
+
+def test_the_claim_that_takes_the_last_sample_is_the_last():
+    store = _CountingStore()
+    a, b = TailClaims(store, 0), TailClaims(store, 1)
+    split = split_tail([30, 20], 0.4)  # samples 30..49 held back; a claims 4 at a time, b 3
+    a.begin(split)
+    b.begin(split)
+    got = [a.claim() for _ in range(6)]  # a alone takes the whole tail in 5 chunks
+    assert got == [(30, 34), (34, 38), (38, 42), (42, 46), (46, 50), None]
+    assert a.done and a.claimed == 20 and store.adds == 5  # no claim after the one that reached the end
+    assert b.claim() is None and b.done and store.adds == 6  # b learns it with its own claim
+    a.end()
+    b.end()
+
+
 def test_stopping_early_is_an_error():
     c = TailClaims(dist.HashStore(), 0)
     c.begin(split_tail([30, 20], 0.4))
