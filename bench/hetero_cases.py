@@ -28,7 +28,10 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             fits), averaged over the measured steps at each one's own global batch
             (`saved_per_step`: every third is an epoch's partial last batch), so
             exchange and overheads stay DDP's. `balanced_over_ideal` =
-            (median hetrain/DDP - 1) / (median ideal - 1).
+            (median hetrain/DDP - 1) / (median ideal - 1). Beside it, `noise_bound`:
+            the ideal less what the step-to-step noise of hetrain's own unequal steps
+            costs the best fixed split (bench/hetero_noise.py), the most fixed shares
+            of any kind reach on this host.
   pairing   DDP and hetrain train side by side in one launch, their steps alternating
             (ABBA), so a host whose speed drifts (this one's does, by up to 3x over
             minutes) slows both alike; repeats start fresh models. On uneven work each
@@ -50,6 +53,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hetero_noise import noise_penalty
 from hetrain.demo.digits import load_digits_split
 from hetrain.train.sampler import GlobalBatchSampler
 
@@ -299,6 +303,12 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "speed_apart_max": max(apart, default=0.0)}  # of this launch's ideal
     if "balanced" in out["uneven"]:
         out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
+        pen = [noise_penalty(_steps(h, skip), s["fixed_s"], s["slope_s"])
+               for h, s in zip(_per_repeat(res_uneven, "balanced"), speed_runs)]
+        if pen and None not in pen:  # the ideal with the noise of hetrain's own steps: no fixed split beats it
+            bound = ddp_step[:len(pen)] / (ddp_step[:len(pen)] / ideal[:len(pen)] + np.asarray(pen))
+            out["uneven"]["noise_bound"] = {"penalty_ms": float(np.median(pen) * 1e3), "over_ddp": float(np.median(bound)),
+                                            "over_ideal": (float(np.median(bound)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)}
     if "accumulate" in out["uneven"]:
         out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
     if "ddp-static" in out["uneven"]:
@@ -421,6 +431,11 @@ def table(r: dict) -> list[str]:
             lines.append(f"{m} unequal: step {b['behind_ideal_step_ms']:.1f} ms behind the ideal step, of which "
                          f"{b['later_worker_wait_ms']:.1f} ms waiting for the later worker's forward+backward "
                          "(step-to-step noise; medians over repeats)")
+        nb = r.get(m, {}).get("uneven", {}).get("noise_bound")
+        if nb:
+            lines.append(f"{m}: the best fixed split, replayed on hetrain's unequal steps with each worker's measured "
+                         f"step-to-step noise, loses {nb['penalty_ms']:.1f} ms a step to it: {nb['over_ddp']:.3f}x DDP "
+                         f"({nb['over_ideal']:.2f} of ideal) is the most any fixed split reaches (hetero_noise.py)")
     for m in MODELS:
         u = r.get(m, {}).get("uneven", {})
         apart = [f"{u[k]['speed_apart_max']:.0%}" for k in STRATEGIES if "speed_apart_max" in u.get(k, {})]

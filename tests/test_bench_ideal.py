@@ -82,3 +82,23 @@ def test_each_worker_takes_its_faster_speed_measurement_of_a_repeat():
     # one measurement per repeat (older results): taken as it is
     got, apart = repeat_speeds(runs[:2], 2)
     assert got[1]["fixed_s"] == [5e-4, 2.5e-3] and apart == [0.0, 0.0]
+
+
+def test_noise_penalty_is_what_the_later_worker_adds_to_the_best_fixed_split():
+    """No noise: no penalty. Noise that makes the two workers late on alternate steps: the
+    best fixed split still loses what the late worker adds, hand-computed below."""
+    from hetero_noise import noise_penalty
+
+    steps = 8
+    ph = np.zeros((2, steps, 10))
+    ph[:, :, 5] = 200  # samples: half each
+    fixed, slope = [0.001, 0.001], [1e-4, 1e-4]  # both 21 ms on those shares: the calm best split
+    ph[0, :, 1], ph[1, :, 1] = 0.021, 0.021
+    assert noise_penalty(ph, fixed, slope) == pytest.approx(0.0, abs=1e-12)
+    late = np.tile([1.2, 0.8], steps // 2)  # worker 0 20% late on even steps, worker 1 on odd ones
+    ph[0, :, 1], ph[1, :, 1] = 0.021 * late, 0.021 * late[::-1]
+    # the step is the late worker's 1.2 x its time, and moving samples to one worker
+    # lengthens its late steps as much as it shortens the other's: 25.2 - 21 ms
+    assert noise_penalty(ph, fixed, slope) == pytest.approx(0.0042, abs=1e-4)
+    ph[1, 0, 5] = 0  # a worker that sat a step out: not replayed
+    assert noise_penalty(ph, fixed, slope) is None
