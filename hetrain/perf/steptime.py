@@ -30,11 +30,14 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence, Union
 
 import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
+
+SMALL_SHARE = 0.1  # by default a worker whose best share is under this fraction of an equal share sits out
+SmallShare = Union[float, Sequence[float], None]  # one fraction for every worker, or one per worker
 
 
 class BatchDoesNotFitError(UserError):
@@ -269,7 +272,7 @@ def median_spread(spreads, skip: int) -> float:
 # ---- who is worth a share, and how to split: the two balancing strategies --------------
 
 def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1,
-                   small_share: float | None = None) -> np.ndarray:
+                   small_share: SmallShare = None) -> np.ndarray:
     """Which workers make the step faster by taking part (bool per worker).
 
     A worker given even `min_samples` costs the step its fixed part plus those samples;
@@ -287,7 +290,7 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
 
 
 def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, margin: float = 0.1,
-            small_share: float | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+            small_share: SmallShare = None) -> tuple[np.ndarray, np.ndarray | None]:
     """`useful_workers`, and the shares of the workers kept (None: nothing forced on anyone,
     or the batch does not fit, which the solver reports).
 
@@ -342,14 +345,13 @@ def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, ma
     return _without_small_shares(g, c, keep, first if keep == start else step(keep)[1], step, small_share)
 
 
-SMALL_SHARE = 0.1  # by default a worker whose best share is under this fraction of an equal share sits out
 
 
 def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndarray, step,
-                          small_share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Leave out the workers whose share is under `small_share` (default `SMALL_SHARE`) of
-    an equal one (smallest first, a worker the rest need for the batch stays), solve again,
-    until none is left.
+                          small_share: SmallShare = None) -> tuple[np.ndarray, np.ndarray]:
+    """Leave out the workers whose share is under `small_share` (default `SMALL_SHARE`; a
+    fraction per worker where a sequence) of an equal one (smallest first, a worker the
+    rest need for the batch stays), solve again, until none is left.
 
     Such a worker shortens the compute by a few percent at most, and a worker in the step
     costs what the compute fits do not see: its part in the exchange (every worker's
@@ -357,9 +359,10 @@ def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndar
     shared host. On a GPU beside three CPU workers of 4 threads, shares of 1 to 5% of an
     equal one made the step 22 to 34% longer than the same job with those workers
     at zero samples (`bench/hetero_real.py`)."""
-    n, frac = len(c), SMALL_SHARE if small_share is None else small_share
+    n, given = len(c), SMALL_SHARE if small_share is None else small_share
+    frac = [float(given)] * n if np.isscalar(given) else [float(x) for x in given]
     while sum(keep) > 1:
-        small = sorted((i for i in range(n) if keep[i] and sizes[i] < frac * g / sum(keep)),
+        small = sorted((i for i in range(n) if keep[i] and sizes[i] < frac[i] * g / sum(keep)),
                        key=lambda i: int(sizes[i]))
         trial = list(keep)
         for i in small:
@@ -405,7 +408,7 @@ class StepPlan:
 
 
 def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
-                 memory_per_sample: float = 0.0, drop: bool = True, small_share: float | None = None) -> StepPlan:
+                 memory_per_sample: float = 0.0, drop: bool = True, small_share: SmallShare = None) -> StepPlan:
     """Shares for the unequal-batch strategy, with workers that would not help left out
     unless `drop` is False (`labels`, `memory_per_sample`: for the message when the batch
     does not fit)."""
@@ -422,7 +425,7 @@ def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 
 
 
 def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps=None, pass_fixed=None,
-                    min_passes: int = 1, drop: bool = True, small_share: float | None = None) -> StepPlan:
+                    min_passes: int = 1, drop: bool = True, small_share: SmallShare = None) -> StepPlan:
     """Counts of equal micro-batches of `micro` samples (the last one of the step may be
     smaller when `micro` does not divide the batch): worker i runs k_i passes costing
     fixed_i + k_i · (pass_fixed_i + micro · per_sample_i); Σ k_i · micro covers the global
@@ -450,7 +453,7 @@ def plan_accumulate(global_batch: int, micro: int, fixed, per_sample, micro_caps
 
 def plan_step(global_batch: int, fixed, per_sample, caps, micro: int = 0, micro_caps=None, pass_fixed=None,
               strategy: Literal["auto", "unequal", "accumulate"] = "auto", min_samples: int = 1, labels=None,
-              memory_per_sample: float = 0.0, drop: bool = True, small_share: float | None = None) -> StepPlan:
+              memory_per_sample: float = 0.0, drop: bool = True, small_share: SmallShare = None) -> StepPlan:
     """The faster of the two strategies for these fits (`strategy="auto"`), or the one
     asked for. Ties go to "unequal" (one pass per worker). "accumulate" needs `micro`.
     `drop`: leave out workers too slow to help, `small_share`: and those whose best share

@@ -59,6 +59,11 @@ class BalanceConfig:
     # shorten the compute by a few percent at most, and its part in the exchange costs more
     # (0: only workers too slow to help at all sit out)
     small_share: float = SMALL_SHARE
+    # a worker sitting out rejoins once its best share reaches `rejoin` x small_share (1: at
+    # small_share): the fits of the workers that stay move with step noise, and one on the
+    # edge would otherwise join and leave on alternate re-balances, paying its exchange in
+    # every step it is in for a sliver of samples
+    rejoin: float = 2.0
     # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
     # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
     # auto: the one the step-time model predicts faster for the measured workers
@@ -84,6 +89,8 @@ class BalanceConfig:
             raise UserError("min_samples must be >= 0")
         if not 0.0 <= self.small_share < 1.0:
             raise UserError(f"small_share must be a fraction of an equal share in [0, 1) (0: off), got {self.small_share}")
+        if not self.rejoin >= 1.0:
+            raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
         if self.strategy not in ("auto", "unequal", "accumulate"):
             raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
         if not 0.0 <= self.tail < 1.0:
@@ -304,7 +311,7 @@ class Balancer:
         args = dict(micro=micro, micro_caps=micro_caps, pass_fixed=fixed,
                     min_samples=max(1, self.cfg.min_samples) if keep else self.cfg.min_samples,
                     labels=self.labels, memory_per_sample=self.cfg.memory_per_sample,
-                    drop=int(total) == self.global_batch and not keep, small_share=self.cfg.small_share)
+                    drop=int(total) == self.global_batch and not keep, small_share=self._small_share())
         if self.cfg.strategy != "auto" or not measured or int(total) != self.global_batch:
             # (an epoch's last partial batch keeps the strategy chosen for the full ones)
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
@@ -319,6 +326,13 @@ class Balancer:
         if int(total) != self.global_batch:
             self._partial[int(total)] = plan
         return plan
+
+    def _small_share(self) -> list[float]:
+        """Each worker's small-share threshold: `small_share`, or `rejoin` times it for a
+        worker the current plan leaves out (hysteresis: see BalanceConfig.rejoin)."""
+        plan = getattr(self, "plan", None)  # none yet while the first plan is made
+        out = plan.sizes == 0 if plan is not None else np.zeros(self.n, dtype=bool)
+        return [self.cfg.small_share * (self.cfg.rejoin if o else 1.0) for o in out]
 
     def update(self, extra=()) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a

@@ -74,7 +74,7 @@ class BalancedLoader:
                      while the step runs, in chunks, to whichever worker asks first
                      (`hetrain.train.tail`): workers whose speed varies from step to step
                      still finish together. Needs the `loader.micro_batches` loop.
-      config         `BalanceConfig` (window, recent, every, min_samples, small_share).
+      config         `BalanceConfig` (window, recent, every, min_samples, small_share, rejoin).
       max_samples    optional per-worker limits on top of memory (0: the worker sits out).
       logger         a `hetrain.train.metrics.StepLogger`: per-step shares, times, bytes
                      and the compute-time spread go to TensorBoard and steps.jsonl.

@@ -69,6 +69,29 @@ def test_the_balancer_takes_small_share_from_its_config():
     assert balancer(small_share=0.0) == [991, 9]
 
 
+def test_a_worker_that_sat_out_for_a_sliver_rejoins_only_well_above_it():
+    """Hysteresis on the small-share rule: this worker measures 10 us a sample; the other's
+    per-sample time moves between exchanges. Its best share: 2% of an equal share (out),
+    12.5% (still out: it left, and rejoins only at twice the 10% threshold), 33% (in),
+    12.5% again (stays: a worker in keeps its place down to 10%). With rejoin=1 it comes
+    back at 12.5% at once."""
+    other = [[0.0, p] for p in (1e-3, 1.5e-4, 5e-5, 1.5e-4)]
+
+    def shares(**cfg):
+        b = Balancer(None, 1000, BalanceConfig(overlap_exchange=False, every=1, **cfg),
+                     gather=_fake_gather([np.inf, 5, 0, 0, 1], *other), num_workers=2)
+        seen = []
+        for _ in other:
+            b.record(int(b.sizes[0]), 1e-5 * int(b.sizes[0]))
+            seen.append(int(b.update()[1]))
+        return seen
+
+    assert shares() == [0, 0, 166, 62]
+    assert shares(rejoin=1.0) == [0, 62, 166, 62]
+    with pytest.raises(UserError, match="rejoin"):
+        BalanceConfig(rejoin=0.5)
+
+
 def test_zero_share_worker_leaves_the_step_and_rejoins():
     """The other worker reports a huge fixed part: it leaves (share 0); when its fit says
     it helps again it rejoins."""
