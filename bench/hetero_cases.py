@@ -300,6 +300,9 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3),
                                "later_worker_wait_ms": float(np.median([_later_wait(r, skip) for r in runs]) * 1e3),
                                "behind_ideal_step_ms": float(np.median(behind) * 1e3),
+                               # the loader's own exchange (fits all-gather, re-plan) per step, this rank's
+                               "exchange_ms_per_step": float(np.median([r.get("loader_exchange_s", 0.0) / len(r["times"])
+                                                                        for r in runs]) * 1e3),
                                "speed_apart_max": max(apart, default=0.0)}  # of this launch's ideal
     if "balanced" in out["uneven"]:
         out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
