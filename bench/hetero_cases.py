@@ -85,6 +85,12 @@ def _step_s(runs: list[dict], skip: int) -> np.ndarray:
     return np.asarray([(r["times"][-1] - r["times"][skip]) / (len(r["times"]) - 1 - skip) for r in runs])
 
 
+def _of_ideal(gain, ideal) -> float:
+    """The gain over DDP as a fraction of the ideal gain, from the medians over repeats (a
+    repeat whose ideal gain is near 0 would make its own fraction meaningless)."""
+    return (float(np.median(gain)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)
+
+
 def _time_to(run: dict, target: float):
     return next((t for _s, t, acc in run["accs"] if acc >= target), None)
 
@@ -287,9 +293,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
             continue
         gain = np.asarray([_sps(h, gb, skip) / _sps(d, gb, skip) for h, d in zip(runs, ddp)])
         frac = (gain - 1) / np.maximum(ideal[:len(gain)] - 1, 1e-9)
-        # of ideal: from the medians (a repeat whose ideal gain is near 0 makes its own
-        # fraction meaningless; the per-repeat fractions are kept beside)
-        over_ideal = (float(np.median(gain)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)
+        over_ideal = _of_ideal(gain, ideal)  # the per-repeat fractions are kept beside
         shares = np.mean([np.mean(np.asarray(r["sizes"], dtype=float)[skip:], axis=0) for r in runs], axis=0)
         step = _step_s(runs, skip)
         behind = step - (ddp_step / ideal)[:len(step)]  # this system's step minus the ideal step, per repeat
@@ -301,8 +305,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "later_worker_wait_ms": float(np.median([_later_wait(r, skip) for r in runs]) * 1e3),
                                "behind_ideal_step_ms": float(np.median(behind) * 1e3),
                                # the loader's own exchange (fits all-gather, re-plan) per step, this rank's
-                               "exchange_ms_per_step": float(np.median([r.get("loader_exchange_s", 0.0) / len(r["times"])
-                                                                        for r in runs]) * 1e3),
+                               "exchange_ms_per_step": float(np.median([r.get("loader_exchange_s", 0.0)
+                                                                        / len(r["times"]) for r in runs]) * 1e3),
                                "speed_apart_max": max(apart, default=0.0)}  # of this launch's ideal
     if "balanced" in out["uneven"]:
         out["balanced_over_ideal"] = out["uneven"]["balanced"]["over_ideal"]
@@ -310,8 +314,8 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                for h, s in zip(_per_repeat(res_uneven, "balanced"), speed_runs)]
         if pen and None not in pen:  # the ideal with the noise of hetrain's own steps: no fixed split beats it
             bound = ddp_step[:len(pen)] / (ddp_step[:len(pen)] / ideal[:len(pen)] + np.asarray(pen))
-            out["uneven"]["noise_bound"] = {"penalty_ms": float(np.median(pen) * 1e3), "over_ddp": float(np.median(bound)),
-                                            "over_ideal": (float(np.median(bound)) - 1) / max(float(np.median(ideal)) - 1, 1e-9)}
+            out["uneven"]["noise_bound"] = {"penalty_ms": float(np.median(pen) * 1e3),
+                                            "over_ddp": float(np.median(bound)), "over_ideal": _of_ideal(bound, ideal)}
     if "accumulate" in out["uneven"]:
         out["accumulate_over_ideal"] = out["uneven"]["accumulate"]["over_ideal"]
     if "ddp-static" in out["uneven"]:

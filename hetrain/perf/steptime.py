@@ -345,8 +345,6 @@ def _useful(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, ma
     return _without_small_shares(g, c, keep, first if keep == start else step(keep)[1], step, small_share)
 
 
-
-
 def _without_small_shares(g: int, c: list[int], keep: list[bool], sizes: np.ndarray, step,
                           small_share: SmallShare = None) -> tuple[np.ndarray, np.ndarray]:
     """Leave out the workers whose share is under `small_share` (default `SMALL_SHARE`; a

@@ -88,7 +88,8 @@ class BalanceConfig:
         if self.min_samples < 0:
             raise UserError("min_samples must be >= 0")
         if not 0.0 <= self.small_share < 1.0:
-            raise UserError(f"small_share must be a fraction of an equal share in [0, 1) (0: off), got {self.small_share}")
+            raise UserError("small_share must be a fraction of an equal share in [0, 1) (0: off), "
+                            f"got {self.small_share}")
         if not self.rejoin >= 1.0:
             raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
         if self.strategy not in ("auto", "unequal", "accumulate"):
@@ -201,6 +202,7 @@ class Balancer:
         self.every_worker = False  # every worker keeps a share (see require_every_worker)
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
+        self.plan: StepPlan | None = None  # the full batch's current plan (none while the first is made)
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes
         self.history: list[np.ndarray] = [self.sizes.copy()]
@@ -330,8 +332,7 @@ class Balancer:
     def _small_share(self) -> list[float]:
         """Each worker's small-share threshold: `small_share`, or `rejoin` times it for a
         worker the current plan leaves out (hysteresis: see BalanceConfig.rejoin)."""
-        plan = getattr(self, "plan", None)  # none yet while the first plan is made
-        out = plan.sizes == 0 if plan is not None else np.zeros(self.n, dtype=bool)
+        out = self.plan.sizes == 0 if self.plan is not None else np.zeros(self.n, dtype=bool)
         return [self.cfg.small_share * (self.cfg.rejoin if o else 1.0) for o in out]
 
     def update(self, extra=()) -> np.ndarray:

@@ -14,10 +14,11 @@ which the launcher serves; an atomic `add` per claim, one round trip). A claim a
 claimant's chunk size and takes the samples just below the new value, so chunks
 can differ per worker: each is sized to take its worker about the same time (a slow
 worker's last chunk would otherwise decide the step's end). Each claimer claims until a
-claim starts past the tail or takes its last sample. Steps use keys of their own, so a worker that runs ahead
-cannot take another step's samples; the key of a step long over is deleted (by worker 0,
-`lag` steps later: the balancer's exchange bounds a worker's lead to twice its
-interval), so the store holds a fixed number of keys however long the job.
+claim starts past the tail or takes its last sample. Steps use keys of their own, so a
+worker that runs ahead cannot take another step's samples; the key of a step long over
+is deleted (by worker 0, `lag` steps later: the balancer's exchange bounds a worker's
+lead to twice its interval), so the store holds a fixed number of keys however long the
+job.
 """
 from __future__ import annotations
 
