@@ -65,100 +65,120 @@ def worker(phase: str, repeats: int, batch: int) -> None:
 
     ctx = hetrain.init()
     dev = hetrain.device()
-    rank = hetrain.rank()
     barrier = lambda: dist.barrier(group=ctx.worker_group)  # noqa: E731
     torch.manual_seed(0)
     model = TransformerModel(**MODEL).to(dev)
     named = list(model.named_parameters())
     numel = sum(p.numel() for _, p in named)
     out: dict = {"params": numel, "workers": hetrain.size(), "device": torch.cuda.get_device_name(dev)}
-
     if phase == "pushpull":
-        grads = [(n, torch.randn_like(p)) for n, p in named]
-        host = [(n, g.cpu()) for n, g in grads]
-        hetrain.push_pull(grads)  # warm-up: layout, pinned buffers, connections
-        hetrain.push_pull(host)
-        cuda_s, cuda_all = _median_time(lambda: hetrain.push_pull(grads), repeats, barrier)
-        host_s, host_all = _median_time(lambda: hetrain.push_pull(host), repeats, barrier)
-        flat = torch.cat([g.reshape(-1) for _, g in grads])
-        pinned = torch.empty(flat.numel(), pin_memory=True)
-
-        def copies():
-            pinned.copy_(flat, non_blocking=True)
-            flat.copy_(pinned, non_blocking=True)
-
-        copies()
-        copy_s, _ = _median_time(copies, repeats, barrier)
-        del flat, pinned
-        # PyTorch DDP, gloo backend, all-reducing CUDA tensors of the same shapes
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        class ParamBag(torch.nn.Module):
-            """Parameters of the model's shapes; backward fills every gradient at once, so
-            the time is DDP's all-reduce of them (the compute is a few fill kernels)."""
-
-            def __init__(self):
-                super().__init__()
-                self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros_like(p)) for _, p in named])
-
-            def forward(self, x):
-                return x * sum(p.sum() for p in self.ps)
-
-        bag = ParamBag().to(dev)
-        x = torch.ones((), device=dev)
-        local_s, _ = _median_time(lambda: bag(x).backward(), repeats, barrier)
-        ddp = DDP(bag, device_ids=[dev], process_group=ctx.worker_group, gradient_as_bucket_view=True)
-        ddp(x).backward()  # warm-up (and DDP's bucket rebuild)
-        ddp_s, ddp_all = _median_time(lambda: ddp(x).backward(), repeats, barrier)
-        out["push_pull"] = {"params": numel, "bytes": numel * 4, "cuda_s": cuda_s, "host_s": host_s,
-                            "copy_s": copy_s, "ddp_s": ddp_s, "ddp_local_backward_s": local_s,
-                            "cuda_all": cuda_all, "host_all": host_all, "ddp_all": ddp_all}
+        out["push_pull"] = _pushpull_phase(ctx, dev, named, repeats, barrier)
     else:  # "train": phase run once without and once with --overlap
-        overlap = ctx.comm.overlap
-        g = torch.Generator(device="cpu").manual_seed(rank)
-        ids = torch.randint(0, MODEL["vocab"], (batch, MODEL["seq"]), generator=g).to(dev)
-        target = torch.randint(0, MODEL["n_classes"], (batch,), generator=g).to(dev)
-        local = torch.optim.SGD(model.parameters(), lr=1e-4)
-
-        def compute_step():
-            local.zero_grad()
-            model.loss(model(ids), target).backward()
-            local.step()
-
-        opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
-                                           named_parameters=model.named_parameters())
-
-        def train_step():
-            opt.zero_grad()
-            opt.set_batch_size(batch)
-            model.loss(model(ids), target).backward()
-            opt.step()
-
-        compute_step()
-        train_step()  # warm-up: layout, pinned buffers
-        compute_s, _ = _median_time(compute_step, repeats, barrier)
-        step_s, step_all = _median_time(train_step, repeats, barrier)
-        res = {"step_s": step_s, "compute_s": compute_s, "exposed_s": max(0.0, step_s - compute_s),
-               "step_all": step_all}
-        if overlap:  # (c) one more step, backward under the sync-debug checker
-            opt.zero_grad()
-            opt.set_batch_size(batch)
-            loss = model.loss(model(ids), target)
-            ok = True
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                loss.backward()
-            except RuntimeError as err:
-                ok = False
-                res["sync_error"] = str(err).splitlines()[0]
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            opt.step()
-            res["no_host_sync_in_backward"] = ok
-        out["train"] = {("overlap_on" if overlap else "overlap_off"): res}
-    if rank == 0:
+        key = "overlap_on" if ctx.comm.overlap else "overlap_off"
+        out["train"] = {key: _train_phase(ctx, dev, model, batch, repeats, barrier)}
+    if hetrain.rank() == 0:
         print(MARK + json.dumps(out), flush=True)
     hetrain.shutdown()
+
+
+def _pushpull_phase(ctx, dev, named, repeats: int, barrier) -> dict:
+    """hetrain's push_pull of the model's gradients, from CUDA and from host tensors,
+    beside a pinned round-trip copy of them and PyTorch DDP's all-reduce of the same
+    shapes (gloo backend, CUDA tensors)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hetrain
+
+    numel = sum(p.numel() for _, p in named)
+    grads = [(n, torch.randn_like(p)) for n, p in named]
+    host = [(n, g.cpu()) for n, g in grads]
+    hetrain.push_pull(grads)  # warm-up: layout, pinned buffers, connections
+    hetrain.push_pull(host)
+    cuda_s, cuda_all = _median_time(lambda: hetrain.push_pull(grads), repeats, barrier)
+    host_s, host_all = _median_time(lambda: hetrain.push_pull(host), repeats, barrier)
+    flat = torch.cat([g.reshape(-1) for _, g in grads])
+    pinned = torch.empty(flat.numel(), pin_memory=True)
+
+    def copies():
+        pinned.copy_(flat, non_blocking=True)
+        flat.copy_(pinned, non_blocking=True)
+
+    copies()
+    copy_s, _ = _median_time(copies, repeats, barrier)
+    del flat, pinned
+
+    class ParamBag(torch.nn.Module):
+        """Parameters of the model's shapes; backward fills every gradient at once, so
+        the time is DDP's all-reduce of them (the compute is a few fill kernels)."""
+
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros_like(p)) for _, p in named])
+
+        def forward(self, x):
+            return x * sum(p.sum() for p in self.ps)
+
+    bag = ParamBag().to(dev)
+    x = torch.ones((), device=dev)
+    local_s, _ = _median_time(lambda: bag(x).backward(), repeats, barrier)
+    ddp = DDP(bag, device_ids=[dev], process_group=ctx.worker_group, gradient_as_bucket_view=True)
+    ddp(x).backward()  # warm-up (and DDP's bucket rebuild)
+    ddp_s, ddp_all = _median_time(lambda: ddp(x).backward(), repeats, barrier)
+    return {"params": numel, "bytes": numel * 4, "cuda_s": cuda_s, "host_s": host_s, "copy_s": copy_s,
+            "ddp_s": ddp_s, "ddp_local_backward_s": local_s, "cuda_all": cuda_all, "host_all": host_all,
+            "ddp_all": ddp_all}
+
+
+def _train_phase(ctx, dev, model, batch: int, repeats: int, barrier) -> dict:
+    """A training step with hetrain's DistributedOptimizer against the same step's compute
+    alone; with overlap on, one more backward under CUDA's sync-debug checker (no host
+    synchronisation may happen inside it)."""
+    import torch
+
+    import hetrain
+
+    g = torch.Generator(device="cpu").manual_seed(hetrain.rank())
+    ids = torch.randint(0, MODEL["vocab"], (batch, MODEL["seq"]), generator=g).to(dev)
+    target = torch.randint(0, MODEL["n_classes"], (batch,), generator=g).to(dev)
+    local = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def compute_step():
+        local.zero_grad()
+        model.loss(model(ids), target).backward()
+        local.step()
+
+    opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
+                                       named_parameters=model.named_parameters())
+
+    def train_step():
+        opt.zero_grad()
+        opt.set_batch_size(batch)
+        model.loss(model(ids), target).backward()
+        opt.step()
+
+    compute_step()
+    train_step()  # warm-up: layout, pinned buffers
+    compute_s, _ = _median_time(compute_step, repeats, barrier)
+    step_s, step_all = _median_time(train_step, repeats, barrier)
+    res = {"step_s": step_s, "compute_s": compute_s, "exposed_s": max(0.0, step_s - compute_s),
+           "step_all": step_all}
+    if ctx.comm.overlap:  # (c) one more step, backward under the sync-debug checker
+        opt.zero_grad()
+        opt.set_batch_size(batch)
+        loss = model.loss(model(ids), target)
+        ok = True
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss.backward()
+        except RuntimeError as err:
+            ok = False
+            res["sync_error"] = str(err).splitlines()[0]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        opt.step()
+        res["no_host_sync_in_backward"] = ok
+    return res
 
 
 def cluster_file(tmp: Path, workers: int, cpus: int) -> Path:
