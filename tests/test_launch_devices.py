@@ -36,11 +36,11 @@ def _env(cfg: LaunchConfig, cluster, rank: int, local_rank: int) -> dict[str, st
 
 def test_nproc_per_node_gpu_binds_each_worker_to_its_own_gpu(two_gpus):
     from hetrain.cli import build_parser
-    from hetrain.runtime.cli import _launch_config
+    from hetrain.runtime.cli import launch_config
 
     for spelling in ("gpu", "auto"):
         args = build_parser().parse_args(["launch", "--nproc-per-node", spelling, "train.py"])
-        cfg = _launch_config(args, ["train.py"])
+        cfg = launch_config(args, ["train.py"])
         topo = build_topology(cfg.cluster, cfg.comm.mode)
         assert [str(worker_device(p)) for p in topo.workers] == ["cuda:0", "cuda:1"], spelling
         assert plan_backends(topo, cfg.comm).worker == "nccl"  # two GPUs of their own

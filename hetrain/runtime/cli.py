@@ -83,7 +83,10 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument("--standalone", action="store_true", help="one node, rendezvous on a free local port")
 
 
-def _launch_config(args, argv: list[str], cluster=None):
+def launch_config(args, argv: list[str], cluster=None):
+    """The `LaunchConfig` of parsed `launch` (or `demo`) flags: the cluster (given, or
+    resolved from torchrun's flags), its communication settings, rendezvous and elastic
+    policy; `argv` is the training command."""
     from .launch import LaunchConfig
     from .auth import load_secret
     from .supervisor import ElasticConfig
@@ -116,16 +119,16 @@ def _launch_config(args, argv: list[str], cluster=None):
                                               rejoin_after_s=args.rejoin_after))
 
 
+def script_argv(args) -> list[str]:
+    """The training command of parsed `launch` flags: SCRIPT and its arguments (`-m`: a
+    module), or [] when none was given."""
+    return (["-m"] if args.module else []) + [args.script, *args.script_args] if args.script else []
+
+
 def _cmd_launch(args) -> int:
     from .launch import launch
 
-    if args.plan and args.auto:
-        raise UserError("give --plan FILE (run a plan) or --auto (profile, plan, continue), not both")
-    argv = (["-m"] if args.module else []) + [args.script, *args.script_args] if args.script else []
-    if args.plan:
-        return launch(_planned_config(args, argv))
-    if args.auto:
-        return _auto(args, argv)
+    argv = script_argv(args)
     if not argv:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
     if args.ray:
@@ -133,66 +136,8 @@ def _cmd_launch(args) -> int:
 
         opts = RayOptions(address=args.ray, gpu_resource=args.ray_gpu_resource, cpus_per_process=args.ray_cpus,
                           strategy=args.ray_strategy, reserve_timeout_s=args.ray_wait)
-        return launch_on_ray(_launch_config(args, argv), opts)
-    return launch(_launch_config(args, argv))
-
-
-def _planned_config(args, argv: list[str], plan_path: str | None = None):
-    """The launch configuration of a whole-job plan (`hetrain plan --cluster`): its cluster,
-    mode, codec and overlap; the plan's script unless one is given; the plan's path in the
-    job's environment, so the run records its prediction beside what it measures."""
-    import os
-
-    from ..plan.job import load_job_plan
-    from .env import PLAN_ENV
-
-    path = plan_path or args.plan
-    plan = load_job_plan(path)
-    if args.cluster:
-        raise UserError("--plan carries the cluster it was planned for; leave out --cluster (or plan again)")
-    if args.mode not in (None, plan.config.mode):
-        raise UserError(f"--mode {args.mode} contradicts the plan's mode {plan.config.mode}; leave out --mode")
-    args.mode, args.codec, args.overlap = plan.config.mode, plan.config.codec, plan.config.overlap
-    cfg = _launch_config(args, argv or list(plan.script), plan.cluster_spec())
-    cfg.extra_env[PLAN_ENV] = os.path.abspath(path)
-    return cfg
-
-
-def _auto(args, argv: list[str]) -> int:
-    """Profile a few steps of the job as launched (fp32, no overlap), fit the cost model
-    on them, plan, and continue with the best plan in the same run folder: a script that
-    commits elastic state (the demo) resumes from the profiling round's last commit."""
-    import os
-    import time
-
-    from ..plan.auto import fitted_from_run
-    from ..plan.job import plan_job, table, to_plan
-    from .env import PROFILE_STEPS_ENV
-    from .launch import launch
-
-    if not argv:
-        raise UserError("--auto needs the training script (e.g. `hetrain launch --auto -m hetrain.demo.digits`)")
-    if args.auto_steps < 4:
-        raise UserError(f"--auto-steps must be >= 4 (steps to fit each worker's step time), got {args.auto_steps}")
-    args.run_dir = args.run_dir or os.path.join("runs", f"auto-{time.strftime('%Y%m%d-%H%M%S')}")
-    args.codec, args.overlap = "fp32", False
-    cfg = _launch_config(args, argv)
-    cfg.extra_env[PROFILE_STEPS_ENV] = str(args.auto_steps)
-    print(f"hetrain: --auto: profiling {args.auto_steps} steps ({cfg.comm.mode}, fp32, no overlap)")
-    rc = launch(cfg)
-    if rc != 0:
-        return rc
-    model, jc, fitted, batch = fitted_from_run(args.run_dir, cfg.cluster)
-    preds = plan_job(model, jc, batch, fitted=fitted)
-    print(f"hetrain: --auto: fitted overhead {fitted.overhead_s * 1e3:.1f} ms/step; candidates:")
-    print(table(preds))
-    plan = to_plan(preds[0], preds, model.name, cfg.cluster, jc, None)
-    plan = plan.model_copy(update={"script": [*argv, "--balance", plan.config.balance]})
-    path = os.path.join(args.run_dir, "plan.json")
-    plan.save(path)
-    print(f"hetrain: --auto: continuing with {preds[0].candidate.label()} ({path})")
-    args.cluster, args.mode = None, None
-    return launch(_planned_config(args, [], path))
+        return launch_on_ray(launch_config(args, argv), opts)
+    return launch(launch_config(args, argv))
 
 
 def _cmd_demo(args) -> int:
@@ -210,7 +155,7 @@ def _cmd_demo(args) -> int:
 
             cluster = gpu_demo_cluster()
             argv += ["--cost-per-sample", "0"]  # real devices: no calibrated emulation
-    return launch(_launch_config(args, argv, cluster))
+    return launch(launch_config(args, argv, cluster))
 
 
 def _cmd_netns(args) -> int:
@@ -242,13 +187,6 @@ def register(sub) -> None:
                    help="placement group strategy (default PACK: fewest nodes)")
     r.add_argument("--ray-wait", type=float, default=120.0,
                    help="seconds to wait for the cluster to grant the resources before giving up")
-    w = p.add_argument_group("planned launch (see `hetrain plan --cluster`)")
-    w.add_argument("--plan", metavar="FILE", help="run a whole-job plan: its cluster, mode, codec, overlap and script "
-                                                  "(a SCRIPT given here replaces the plan's)")
-    w.add_argument("--auto", action="store_true",
-                   help="profile a few steps, plan the job on the fitted cost model, continue with the best plan "
-                        "(the script must accept --balance, as the demo and hetrain.demo.zoo do)")
-    w.add_argument("--auto-steps", type=int, default=12, help="steps the --auto profiling round trains (12)")
     p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name, run as `python -m` does")
     p.add_argument("script", metavar="SCRIPT", nargs="?", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
