@@ -405,6 +405,20 @@ class StepPlan:
                 f"counts={self.counts.tolist()}, predicted={self.predicted:.4g}s)")
 
 
+def plan_time(plan: StepPlan, fixed, per_sample, pass_fixed=None) -> float:
+    """Predicted compute seconds of `plan`'s step under these fits: its slowest worker that
+    takes part (accumulating: k_i passes, each paying `pass_fixed`, default `fixed`), as
+    the planners predict their own plans. Lets a caller price a plan made with older fits."""
+    fixed = np.asarray(fixed, dtype=float)
+    per = np.asarray(per_sample, dtype=float)
+    if plan.strategy == "accumulate":
+        pf = fixed if pass_fixed is None else np.asarray(pass_fixed, dtype=float)
+        t = predicted_times(plan.counts, fixed, pf + plan.micro * per)
+    else:
+        t = predicted_times(plan.sizes, fixed, per)
+    return float(np.max(t[plan.counts > 0], initial=0.0))
+
+
 def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,
                  memory_per_sample: float = 0.0, drop: bool = True, small_share: SmallShare = None) -> StepPlan:
     """Shares for the unequal-batch strategy, with workers that would not help left out

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, predicted_times
+from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, plan_time, predicted_times
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
@@ -64,6 +64,12 @@ class BalanceConfig:
     # edge would otherwise join and leave on alternate re-balances, paying its exchange in
     # every step it is in for a sliver of samples
     rejoin: float = 2.0
+    # a new split replaces the current one only where it is predicted faster by more than
+    # this fraction of the step: each new local batch size is a new input shape, which
+    # kernels built per shape pay for again on first sight (oneDNN convolutions on a CPU,
+    # cuDNN autotuning, torch.compile), and shares re-solved on step noise wander by a few
+    # samples; a real change of speed (interference, a straggler) is far above it
+    hold: float = 0.02
     # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
     # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
     # auto: the one the step-time model predicts faster for the measured workers
@@ -92,6 +98,8 @@ class BalanceConfig:
                             f"got {self.small_share}")
         if not self.rejoin >= 1.0:
             raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
+        if not 0.0 <= self.hold < 1.0:
+            raise UserError(f"hold must be a fraction of the step in [0, 1) (0: always re-split), got {self.hold}")
         if self.strategy not in ("auto", "unequal", "accumulate"):
             raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
         if not 0.0 <= self.tail < 1.0:
@@ -194,6 +202,7 @@ class Balancer:
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
+        self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
@@ -292,7 +301,8 @@ class Balancer:
         With strategy "auto" the faster strategy for the agreed fits is taken, and kept
         until the other is predicted 5% faster (no flapping on noise). A micro-batch
         pays the step's fixed part again (kernel launches, Python), so accumulation is
-        predicted slower unless memory caps the unequal batches."""
+        predicted slower unless memory caps the unequal batches. The split in use is kept
+        unless the new one is predicted faster by more than `hold` (`_held`)."""
         if int(total) != self.global_batch and int(total) in self._partial:
             return self._partial[int(total)]  # an epoch's last batch, planned with these fits already
         fits = self.fits
@@ -325,9 +335,22 @@ class Balancer:
             self.strategy = plan.strategy
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
+        if measured:
+            plan = self._held(self.plan if int(total) == self.global_batch else self._last_partial.get(int(total)),
+                              plan, fixed, per)
         if int(total) != self.global_batch:
-            self._partial[int(total)] = plan
+            self._partial[int(total)] = self._last_partial[int(total)] = plan
         return plan
+
+    def _held(self, current: StepPlan | None, new: StepPlan, fixed: np.ndarray, per: np.ndarray) -> StepPlan:
+        """`current` (the split in use for this many samples) unless `new` is predicted
+        faster, under the same fits, by more than `hold` of the step (BalanceConfig.hold:
+        a new local batch size costs kernels built per shape). Every worker decides the
+        same from the same agreed fits."""
+        if (current is None or self.cfg.hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
+                or (self.every_worker and bool((current.sizes == 0).any()))):
+            return new
+        return current if plan_time(current, fixed, per) <= new.predicted * (1 + self.cfg.hold) else new
 
     def _small_share(self) -> list[float]:
         """Each worker's small-share threshold: `small_share`, or `rejoin` times it for a

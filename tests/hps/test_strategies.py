@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hetrain.errors import UserError
-from hetrain.perf.steptime import plan_accumulate, plan_step, plan_unequal, solve_shares, useful_workers
+from hetrain.perf.steptime import plan_accumulate, plan_step, plan_time, plan_unequal, solve_shares, useful_workers
 from hetrain.train.balance import BalanceConfig, Balancer
 from hetrain.train.loader import BalancedBatchSampler, BalancedLoader
 from tests.hps.test_loader import ThreadGroup, run_workers
@@ -265,3 +265,36 @@ def test_who_helps_matches_the_full_search():
         assert useful_workers(g, fixed, per, caps, m).tolist() == want.tolist()
         assert plan_unequal(g, fixed, per, caps, m).sizes.tolist() == solve_shares(
             g, fixed, per, np.where(want, caps, 0), m).tolist()
+
+
+def test_a_split_is_kept_until_a_new_one_is_worth_new_batch_shapes():
+    """BalanceConfig.hold: this worker measures 1 ms a sample; the other's per-sample time
+    moves from 1 ms to 1.01 ms (the new split would save 0.4% of the step: both the full
+    batch's and an epoch's last batch's splits stay) and then to 2 ms (re-split at once).
+    With hold=0 every move re-splits."""
+    other = [[0.0, p] for p in (1e-3, 1.01e-3, 2e-3)]
+
+    def shares(**cfg):
+        b = Balancer(None, 1000, BalanceConfig(overlap_exchange=False, every=1, **cfg),
+                     gather=_fake_gather([np.inf, 5, 0, 0, 1], *other), num_workers=2)
+        seen = []
+        for _ in other:
+            b.record(int(b.sizes[0]), 1e-3 * int(b.sizes[0]))
+            full = b.update().tolist()
+            seen.append((full, b.plan_for(300).sizes.tolist()))
+        return seen
+
+    assert shares() == [([500, 500], [150, 150]), ([500, 500], [150, 150]), ([667, 333], [200, 100])]
+    assert shares(hold=0.0) == [([500, 500], [150, 150]), ([502, 498], [151, 149]), ([667, 333], [200, 100])]
+    with pytest.raises(UserError, match="hold"):
+        BalanceConfig(hold=1.0)
+
+
+def test_plan_time_prices_a_plan_under_other_fits():
+    """The step a plan made with older fits takes under new ones: its slowest worker that
+    takes part, as the planners price their own plans (accumulating: a pass per micro-batch)."""
+    une = plan_step(100, [0.0, 0.0], [1e-3, 1e-3], [100, 100], strategy="unequal")
+    assert une.sizes.tolist() == [50, 50] and plan_time(une, [0.0, 0.0], [1e-3, 1e-3]) == pytest.approx(une.predicted)
+    assert plan_time(une, [0.01, 0.0], [1e-3, 3e-3]) == pytest.approx(0.15)
+    acc = plan_step(100, [0.0, 0.0], [1e-3, 1e-3], [100, 100], micro=10, strategy="accumulate", pass_fixed=[1e-3, 1e-3])
+    assert plan_time(acc, [0.0, 0.0], [1e-3, 1e-3], pass_fixed=[1e-3, 1e-3]) == pytest.approx(acc.predicted)
