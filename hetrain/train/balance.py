@@ -69,7 +69,7 @@ class BalanceConfig:
     # kernels built per shape pay for again on first sight (oneDNN convolutions on a CPU,
     # cuDNN autotuning, torch.compile), and shares re-solved on step noise wander by a few
     # samples; a real change of speed (interference, a straggler) is far above it
-    hold: float = 0.02
+    hold: float = 0.01
     # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
     # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
     # auto: the one the step-time model predicts faster for the measured workers
