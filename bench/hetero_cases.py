@@ -417,8 +417,8 @@ def table(r: dict) -> list[str]:
         c, u = r[m], r[m]["uneven"]
         t = c["time_to_acc_s"]
         lines.append(f"{m:<12}{c['even_over_ddp']:>9.3f}{u['ideal_over_ddp']:>7.3f}{u['balanced']['over_ddp']:>12.3f}"
-                     f"{u['balanced']['over_ideal']:>9.2f}{u['accumulate']['over_ddp']:>10.3f}"
-                     f"{u['accumulate']['over_ideal']:>9.2f}{c['single_process_acc']:>11.4f}"
+                     f"{u['balanced']['over_ideal']:>9.3f}{u['accumulate']['over_ddp']:>10.3f}"
+                     f"{u['accumulate']['over_ideal']:>9.3f}{c['single_process_acc']:>11.4f}"
                      f"{c['acc_same_samples']['accumulate']:>10.4f}{f(t['ddp']):>8}{f(t['balanced']):>9}"
                      f"{f(t['accumulate']):>8}")
     for m in MODELS:
