@@ -41,7 +41,7 @@ def scaled_step(opt, scaler, closure=None):
     if not opt._synced:
         if opt._skip:
             raise UserError("scaler.step(optimizer) inside skip_synchronize() needs optimizer.synchronize() first")
-        if unscaled and opt.engine.in_flight:
+        if unscaled and opt.engine.owned_by(opt):
             raise UserError("scaler.unscale_(optimizer) ran while the gradients were still being exchanged "
                             "(overlap): call optimizer.synchronize() before scaler.unscale_(optimizer)")
         opt.synchronize()

@@ -99,9 +99,8 @@ def push_pull_async(tensor, average: bool = True, name: str | None = None, batch
     """
     t, label = _as_named(tensor, name)
     eng = engine()  # joins the job
-    if eng.in_flight and not _PENDING:
-        raise UserError("push_pull_async: a DistributedOptimizer exchange is in flight (--overlap); call "
-                        "optimizer.step() or synchronize() first")
+    if not _PENDING:
+        eng.complete_other()  # a DistributedOptimizer's exchange in flight completes first
     req = _Request([(label, t.detach().clone())], int(batch_size), bool(average))
     _PENDING.append(req)
     if len(_PENDING) == 1:

@@ -200,6 +200,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         last of `backward_passes_per_step` backward passes)."""
         if not self._armed:
             return
+        if self.engine.in_flight and not self.engine.owned_by(self):
+            # another optimizer's exchange (or a push_pull) holds the engine during this
+            # backward: this optimizer exchanges at its step(), after that one completes
+            self._armed = False
+            return
         if self.backward_passes_per_step == 1 and self._predivide == 1.0 and self.engine.arrived(i, param.grad):
             self._passes[i] = 1
             return  # backward accumulated into the gradient's bucket: counted in, launched when complete
@@ -213,7 +218,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self.engine.in_flight:
             if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
                                                              average=self._average, overlapped=True,
-                                                             total=self._total):
+                                                             total=self._total, owner=self):
                 self._armed = False
                 return
         if self.engine.is_ready(i):
@@ -263,7 +268,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # or the balancer would read waiting as slowness)
             if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
                                                              average=self._average, overlapped=True,
-                                                             total=self._total):
+                                                             total=self._total, owner=self):
                 self._armed = False
 
     def _announce(self) -> bool:
@@ -302,13 +307,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             "parameter updates after each local step, so there is no exchanged gradient to look at; "
                             "use op=hetrain.Average to clip exchanged gradients")
         _drain()
+        self.engine.complete_other(self)  # another optimizer's exchange still in flight: it completes first
         if not self.engine.in_flight and not self._announced:
             self._announce()
         for _, p in self._named:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         self._armed = False
-        if self.engine.in_flight:  # overlap: most partitions are already on their way
+        if self.engine.owned_by(self):  # overlap: most partitions are already on their way
             named = [(n, p.grad if self.engine.is_ready(i) else self._outgoing(p))
                      for i, (n, p) in enumerate(self._named)]
             self.engine.finish([t for _, t in named])
@@ -326,6 +332,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._announced = False
         self._size_set = False
         self._total = None  # known for one step only
+
+    def complete_exchange(self) -> None:
+        """Complete this optimizer's exchange in flight now (the engine asks, when another
+        exchange needs it first): as `synchronize`, so step() will not exchange again.
+        Only once backward has handed it gradients: an exchange begun before backward
+        (the batch size known at zero_grad) would send gradients not yet computed."""
+        if not any(self._passes):
+            raise UserError("another exchange (push_pull, or a second DistributedOptimizer's step) was asked for "
+                            "between this DistributedOptimizer's zero_grad() and backward(), while its own exchange "
+                            "had begun: make that call after optimizer.step() (or before zero_grad())")
+        self.synchronize()
 
     def _shadow_exchange(self) -> None:
         """A joined worker's part in the others' exchange (api/uneven.py): zero gradients

@@ -21,6 +21,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,15 @@ class _Step:
     weight: int = 0
     average: bool = True
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
+    owner: ExchangeOwner | None = None  # who began it and can complete it (see PushPull.begin)
+
+
+class ExchangeOwner(Protocol):
+    """Whoever begins an exchange that others may need the engine before it ends (a
+    DistributedOptimizer overlapping its exchange with backward): `complete_exchange`
+    finishes it, writing its results where its owner reads them."""
+
+    def complete_exchange(self) -> None: ...
 
 
 class _LazyScale:
@@ -162,7 +172,8 @@ class PushPull:
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
-              overlapped: bool = False, arrival: Arrival | None = None, total: int | None = None) -> bool:
+              overlapped: bool = False, arrival: Arrival | None = None, total: int | None = None,
+              owner: ExchangeOwner | None = None) -> bool:
         """Start a push_pull whose tensors will be handed over one by one with `ready`
         (e.g. from gradient hooks while backward runs) and collected by `finish`.
 
@@ -182,9 +193,13 @@ class PushPull:
         the buckets are its only collectives.
         Only a tensor list that changes on one worker mid-job is not named then (its
         collectives fail or time out instead of the mismatch message of a header).
+
+        `owner`: who can complete this exchange (`ExchangeOwner`). One exchange is in
+        flight at a time (its layout, staging and collectives are the step's); a begin
+        while an owned one is in flight first has its owner complete it, as a second
+        optimizer's step or a push_pull of the loss between backward and step() need.
         """
-        if self._step is not None:
-            raise UserError("push_pull.begin() called while another push_pull is in flight; call finish() first")
+        self.complete_other(owner)
         if weight < 0 or int(weight) != weight:
             raise UserError(f"push_pull weight must be a non-negative integer batch size, got {weight!r}")
         ctx = self.ctx
@@ -221,8 +236,26 @@ class PushPull:
         t1 = time.perf_counter()
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
-                           control=control, manifest=manifest, weight=weight, average=average, total=agreed_total)
+                           control=control, manifest=manifest, weight=weight, average=average, total=agreed_total,
+                           owner=owner)
         return True
+
+    def owned_by(self, owner: object) -> bool:
+        """An exchange is in flight and `owner` began it."""
+        return self._step is not None and self._step.owner is owner
+
+    def complete_other(self, caller: object | None = None) -> None:
+        """Have the exchange in flight completed by its owner, unless `caller` owns it
+        (nothing in flight: nothing to do). Every worker runs its exchanges in the same
+        order, so completing one early changes no collective's order."""
+        st = self._step
+        if st is None or (caller is not None and st.owner is caller):
+            return
+        if st.owner is None:
+            raise UserError("push_pull.begin() called while another push_pull is in flight; call finish() first")
+        st.owner.complete_exchange()
+        if self._step is st:  # pragma: no cover - an owner's complete_exchange always finishes it
+            raise RuntimeError("the owner of the exchange in flight did not complete it")
 
     def _described(self, named: list[tuple[str, torch.Tensor]]) -> tuple[torch.device, Manifest, int]:
         """The tensors' device (checked), manifest and digest. A training loop hands over
