@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from hetrain.cluster import parse_cluster
 from hetrain.comm import p2p
-from hetrain.comm.engine import PushPull, check_tensors
+from hetrain.comm.engine import PushPull
+from hetrain.comm.layout import check_tensors
 from hetrain.comm.flatlayout import FlatLayout, balanced_owners
 from hetrain.comm.layout import Entry, Manifest
 from hetrain.comm.partition import plan_buckets, plan_for

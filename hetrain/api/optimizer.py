@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..comm.engine import check_tensors
+from ..comm.layout import check_tensors
 from ..errors import UserError
 from . import uneven as _join
 from .adasum import adasum_allreduce

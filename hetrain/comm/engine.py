@@ -32,7 +32,7 @@ from ..runtime.context import Context, init
 from .buckets import BucketTuner
 from .flatlayout import FlatLayout
 from .group import Group
-from .layout import Manifest
+from .layout import Manifest, check_tensors
 from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
 from .staging import HostDirect, HostInPlace, HostWork, Staging
 from .transport import AllReduceTransport, Arrival, HierarchicalTransport, make_transport
@@ -95,38 +95,6 @@ class _LazyScale:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
             self.value = (self.weight / (self.denominator or self.total)) if self.average else 1.0
         return self.value
-
-
-def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull",
-                  model: bool = False) -> torch.device:
-    """Every tensor a floating-point torch.Tensor, all on one device, and that device one
-    this worker can use; returns it. Raises before anything is sent.
-
-    A GPU worker (bound to cuda:i) may push host tensors or tensors on cuda:i, and its
-    model (`model=True`: the optimizer's parameters) must be on cuda:i. An emulated worker
-    (cpu) takes CPU tensors, and CUDA tensors of a script that binds its GPU itself (as
-    torchrun scripts do from LOCAL_RANK): both are staged."""
-    device = None
-    first = None
-    for name, t in named:
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise UserError(f"{what} tensor {name!r} must be a floating-point torch.Tensor, got {type(t).__name__}"
-                            f"{'' if not isinstance(t, torch.Tensor) else ' of ' + str(t.dtype)}")
-        if device is None:
-            device, first = t.device, name
-        elif t.device != device:
-            raise UserError(f"{what} tensors must all be on one device: {first!r} is on {device} but {name!r} is on "
-                            f"{t.device}; move them together (e.g. model.to(hetrain.device()))")
-        if t.device.type not in ("cpu", "cuda"):
-            raise UserError(f"{what} tensor {name!r} is on {t.device}, which holds no data to send; hetrain moves "
-                            "CPU and CUDA tensors (materialise the model, e.g. model.to_empty(device=...) and load "
-                            "its weights, before training)")
-    device = device or torch.device("cpu")
-    if worker_device is not None and worker_device.type == "cuda" and device != worker_device:
-        if device.type == "cuda" or model:
-            raise UserError(f"{what} tensor {first!r} is on {device} but this worker is bound to {worker_device}; "
-                            "put the model on hetrain.device()")
-    return device
 
 
 class PushPull:
@@ -420,10 +388,20 @@ class PushPull:
         self.protocol.stop()
 
     # ---- internals ----------------------------------------------------------------------
-    def _new_layout(self, manifest: Manifest) -> None:
-        """Every rank agreed on a new layout: derive its partitions, codecs and pushers
-        (and, for the job's all-reduce with `--buckets tuned`, start tuning its buckets)."""
-        tr = self.transport
+    def _new_layout(self, manifest: Manifest, left: int) -> None:
+        """Every rank agreed on another layout: keep the one left (`left`, its digest) and
+        take back this one's if it was kept (comm/known.py); else derive its partitions,
+        codecs and pushers (and, for the job's all-reduce with `--buckets tuned`, start
+        tuning its buckets)."""
+        tr, known = self.transport, self.protocol.known
+        if self._layout is not None:
+            known.stash(left, (self._layout, self._stagings, self._tuner, getattr(tr, "caps", None)))
+        kept = known.take(self.protocol.digest)
+        if kept is not None:
+            self._layout, self._stagings, self._tuner, caps = kept
+            if caps is not None:
+                tr.caps = caps
+            return
         if isinstance(tr, AllReduceTransport) and self.group is None and self.ctx.comm.buckets == "tuned":
             self._tuner = BucketTuner([e.numel for e in manifest.entries], self._agree_max)
             tr.caps = self._tuner.caps
@@ -459,7 +437,7 @@ class PushPull:
         else:
             codecs = wire_codecs(manifest, ctx.comm, ctx.cluster) if ctx.topology.servers else None
             self._layout = FlatLayout.build(manifest, parts, codecs, ctx.topology.worker_machines)
-        self._stagings.clear()  # buffers (pinned ones included) are allocated once per layout
+        self._stagings = {}  # buffers (pinned ones included) are allocated once per layout
 
     def _staging_for(self, device: torch.device) -> Staging:
         st = self._stagings.get(device)

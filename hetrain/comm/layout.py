@@ -109,3 +109,35 @@ def describe_mismatch(manifests: dict[int, Manifest], scope: str = "") -> str:
                     "Every worker must push_pull the same named tensors with the same shapes, in the same order.")
     orders = {r: [e.name for e in manifests[r].entries] for r in ranks}
     return f"{who} pushed the same tensors in different orders: {orders}. Push them in one fixed order."
+
+
+def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull",
+                  model: bool = False) -> torch.device:
+    """Every tensor a floating-point torch.Tensor, all on one device, and that device one
+    this worker can use; returns it. Raises before anything is sent.
+
+    A GPU worker (bound to cuda:i) may push host tensors or tensors on cuda:i, and its
+    model (`model=True`: the optimizer's parameters) must be on cuda:i. An emulated worker
+    (cpu) takes CPU tensors, and CUDA tensors of a script that binds its GPU itself (as
+    torchrun scripts do from LOCAL_RANK): both are staged."""
+    device = None
+    first = None
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise UserError(f"{what} tensor {name!r} must be a floating-point torch.Tensor, got {type(t).__name__}"
+                            f"{'' if not isinstance(t, torch.Tensor) else ' of ' + str(t.dtype)}")
+        if device is None:
+            device, first = t.device, name
+        elif t.device != device:
+            raise UserError(f"{what} tensors must all be on one device: {first!r} is on {device} but {name!r} is on "
+                            f"{t.device}; move them together (e.g. model.to(hetrain.device()))")
+        if t.device.type not in ("cpu", "cuda"):
+            raise UserError(f"{what} tensor {name!r} is on {t.device}, which holds no data to send; hetrain moves "
+                            "CPU and CUDA tensors (materialise the model, e.g. model.to_empty(device=...) and load "
+                            "its weights, before training)")
+    device = device or torch.device("cpu")
+    if worker_device is not None and worker_device.type == "cuda" and device != worker_device:
+        if device.type == "cuda" or model:
+            raise UserError(f"{what} tensor {first!r} is on {device} but this worker is bound to {worker_device}; "
+                            "put the model on hetrain.device()")
+    return device

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import p2p
+from .known import KnownLayouts
 from .layout import Manifest, TensorMismatchError, describe_mismatch, exchange_manifests
 
 HEADER_LEN = 7
@@ -221,11 +222,12 @@ class ControlInbox:
 class Announcer:
     """Worker side of the step protocol: announce each step to the servers (or, without
     servers, all-reduce the header), take the header path when the servers ask for it, and
-    keep the layout every rank agreed on (its digest and epoch). `on_layout(manifest)` is
-    called when a new layout has been agreed, before any partition of it is sent. With
+    keep the layout every rank agreed on (its digest and epoch). `on_layout(manifest, left)`
+    is called when another layout has been agreed (`left`: the digest of the one left, 0
+    at first), before any partition of it is sent. With
     `group` (a `comm.group.Group`, no servers) the header is the group's alone."""
 
-    def __init__(self, ctx, servers: list[int], on_layout: Callable[[Manifest], None], group=None):
+    def __init__(self, ctx, servers: list[int], on_layout: Callable[[Manifest, int], None], group=None):
         self.ctx = ctx
         self.group = group
         if group is not None and servers:
@@ -233,7 +235,8 @@ class Announcer:
         self.servers = servers
         self.on_layout = on_layout
         self.digest = 0
-        self.epoch = 0  # layouts seen so far (partition tags carry it)
+        self.epoch = 0  # the layout's block of partition tags (comm/known.py)
+        self.known: KnownLayouts = KnownLayouts()  # the engine keeps its per-layout state here
         machines = ctx.topology.worker_machines if ctx.topology else [[0]]
         self.machine_names = [ctx.topology.proc(r[0]).machine.name for r in machines] if ctx.topology else ["w0"]
 
@@ -305,10 +308,11 @@ class Announcer:
         ctx, g = self.ctx, self.group
         self._check(h, manifest)
         if h.digest != self.digest:
-            exchange_manifests(manifest, g.gloo if g is not None else ctx.host_group)
-            self.digest = h.digest
-            self.epoch += 1
-            self.on_layout(manifest)
+            epoch, known = self.known.switch(h.digest)
+            if not known:  # the servers learn the new layout's tensors (a known one they kept)
+                exchange_manifests(manifest, g.gloo if g is not None else ctx.host_group)
+            left, self.digest, self.epoch = self.digest, h.digest, epoch
+            self.on_layout(manifest, left)
         return h.weight
 
     def _check(self, h: Header, manifest: Manifest | None) -> None:

@@ -22,6 +22,7 @@ from ..runtime.context import Context, init, teardown
 from . import p2p
 from .compress import ErrorFeedback
 from .flatlayout import FlatLayout
+from .known import KnownLayouts
 from .layout import Entry, Manifest, exchange_manifests
 from .partition import Partition, plan_for
 from .protocol import OK, SLOW, STOPPED, ControlInbox, check_header, exchange_header, part_tag, speculating
@@ -39,7 +40,8 @@ class SummationServer:
         self.n_servers = len(ctx.topology.servers)
         self.shares = np.array([p.share for p in ctx.topology.servers])
         self.digest = 0
-        self.epoch = 0  # layouts seen so far (partition tags carry it)
+        self.epoch = 0  # the layout's block of partition tags (comm/known.py)
+        self.known: KnownLayouts[tuple] = KnownLayouts()  # as every worker's Announcer keeps them
         self.coef = torch.ones(len(self.machines))
         self.conflict = -1
         self.mine: list[Partition] = []
@@ -91,14 +93,16 @@ class SummationServer:
                 self._wait_all(answers, "answering its step announcement")
             else:
                 self._wait_all(inbox.answer(SLOW, 0), "answering its step announcement")
-                done, spec = self._slow_step()
+                done, spec = self._slow_step(spec)
                 if not done:
                     return
             self.steps += 1
 
-    def _slow_step(self) -> tuple[bool, list | None]:
-        """The full header path (first step, new layout, mismatch, partial stop).
-        Returns whether the job goes on, and the next step's receives."""
+    def _slow_step(self, spec: list | None) -> tuple[bool, list | None]:
+        """The full header path (first step, another layout, mismatch, partial stop).
+        `spec`: the receives posted for the next step of the current layout, kept with it
+        when another layout comes (comm/known.py) and used when it comes back. Returns
+        whether the job goes on, and the next step's receives."""
         conflict = self.conflict + 1 if self.conflict >= 0 else 0
         try:
             h = exchange_header(is_worker=False, conflict=conflict, group=self.ctx.host_group)
@@ -112,12 +116,30 @@ class SummationServer:
             self.ctx.failed = True
             raise
         if h.digest != self.digest:
-            # workers publish the new layout; servers need its size and (for codecs) its tensors
-            manifests = [m for m in exchange_manifests(None, self.ctx.host_group) if m is not None]
-            self.digest = h.digest
-            self.epoch += 1
-            self._replan(h.numel_each, manifests[0] if manifests else None)
-        return True, self._round(self._post_recvs())
+            spec = self._switch(h, spec)
+        return True, self._round(spec if spec is not None else self._post_recvs())
+
+    _KEPT = ("mine", "pushers", "wire", "bufs", "sums", "decoded", "total", "feedback")
+
+    def _switch(self, h, spec: list | None) -> list | None:
+        """Another layout was agreed: keep the current one's buffers, codec residuals and
+        posted receives, and take the new one's back if it was kept; else learn it (the
+        workers publish a new layout: servers need its size and, for codecs, its tensors).
+        Returns the receives already posted for its step, if any."""
+        epoch, known = self.known.switch(h.digest)
+        self.known.stash(self.digest, ({k: getattr(self, k, None) for k in self._KEPT}, spec))
+        kept = self.known.take(h.digest)
+        self.digest, self.epoch = h.digest, epoch
+        if known:  # every worker skips the manifests too
+            if kept is None:  # pragma: no cover - a known layout was left, so kept
+                raise RuntimeError(f"summation server: layout {h.digest} is known but was not kept")
+            state, spec = kept
+            for k, v in state.items():
+                setattr(self, k, v)
+            return spec
+        manifests = [m for m in exchange_manifests(None, self.ctx.host_group) if m is not None]
+        self._replan(h.numel_each, manifests[0] if manifests else None)
+        return None
 
     def _wait_all(self, works, what: str) -> None:
         p2p.wait_all(works, self.ctx.peer_error, what)

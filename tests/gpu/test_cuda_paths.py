@@ -115,7 +115,7 @@ def test_guard_refuses_cuda_tensors_before_gloo(monkeypatch):
     import torch.distributed as dist
 
     from hetrain.comm import p2p
-    from hetrain.comm.engine import check_tensors
+    from hetrain.comm.layout import check_tensors
     from hetrain.errors import UserError
 
     calls = []

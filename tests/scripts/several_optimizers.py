@@ -113,6 +113,16 @@ def too_early(rank, n) -> str:
     return msg
 
 
+def many_layouts(rank) -> list[float]:
+    """More tensor lists than the engine keeps layouts of (comm/known.py), each coming
+    back: the evicted ones are learnt again. The averages, in call order."""
+    out = []
+    for _ in range(2):
+        for k in range(11):
+            out.append(float(hetrain.push_pull(torch.full((k + 1,), float(rank + 1)), name=f"metric{k}")[-1]))
+    return out
+
+
 def train(n=1, rank=0, wrap=False, overlap=True):
     """Every case's weights (and the averaged losses) after STEPS steps."""
     out = {f"split{order}": split(rank, n, wrap, overlap, order).state_dict() for order in ("12", "21")}
@@ -126,6 +136,7 @@ if __name__ == "__main__":
     hetrain.init()
     res = {f"overlap={o}": train(hetrain.size(), hetrain.rank(), True, o) for o in (True, False)}
     res["too_early"] = too_early(hetrain.rank(), hetrain.size())
+    res["many_layouts"] = many_layouts(hetrain.rank())
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     torch.save(res, out / f"rank{hetrain.rank()}.pt")
