@@ -10,7 +10,9 @@ compares the weights with one process, `train(n=1, wrap=False)`):
   step() (BytePS's way of logging it).
 
 The last layers hold more than the first all-reduce bucket (1 MiB), so with overlap their
-optimizer exchanges while backward runs."""
+optimizer exchanges while backward runs. `--cuda`: models and batches on hetrain.device(),
+so the CUDA stagings of each tensor list are kept and taken back at every switch; the
+weights come back on the CPU."""
 import sys
 from pathlib import Path
 
@@ -22,11 +24,12 @@ import hetrain
 from hetrain.errors import UserError
 
 STEPS, GB = 4, 16
+DEV = torch.device("cpu")  # hetrain.device() with --cuda
 
 
 def _data():
     g = torch.Generator().manual_seed(1)
-    return torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
+    return torch.randn(64, 8, generator=g).to(DEV), torch.randint(0, 4, (64,), generator=g).to(DEV)
 
 
 def _net(*widths):
@@ -34,7 +37,7 @@ def _net(*widths):
     layers = []
     for a, b in zip(widths, widths[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+    return nn.Sequential(*layers[:-1]).to(DEV)
 
 
 def _wrap(opt, named, wrap, overlap):
@@ -49,7 +52,7 @@ def split(rank, n, wrap, overlap, order):
     o1 = _wrap(torch.optim.SGD([v for _, v in first], lr=0.1, momentum=0.9), first, wrap, overlap)
     o2 = _wrap(torch.optim.Adam([v for _, v in rest], lr=1e-3), rest, wrap, overlap)
     for s in range(STEPS):
-        idx = torch.arange(s * GB, (s + 1) * GB).chunk(n)[rank]
+        idx = torch.arange(s * GB, (s + 1) * GB, device=DEV).chunk(n)[rank]
         o1.zero_grad()
         o2.zero_grad()
         F.cross_entropy(m(x[idx]), y[idx]).backward()
@@ -61,11 +64,11 @@ def split(rank, n, wrap, overlap, order):
 def gan(rank, n, wrap, overlap):
     g, d = _net(4, 32, 8), _net(8, 640, 512, 1)
     x, _ = _data()
-    z = torch.randn(64, 4, generator=torch.Generator().manual_seed(2))
+    z = torch.randn(64, 4, generator=torch.Generator().manual_seed(2)).to(DEV)
     og = _wrap(torch.optim.SGD(g.parameters(), lr=0.05, momentum=0.9), g.named_parameters(), wrap, overlap)
     od = _wrap(torch.optim.SGD(d.parameters(), lr=0.05, momentum=0.9), d.named_parameters(), wrap, overlap)
     for s in range(STEPS):
-        idx = torch.arange(s * GB, (s + 1) * GB).chunk(n)[rank]
+        idx = torch.arange(s * GB, (s + 1) * GB, device=DEV).chunk(n)[rank]
         od.zero_grad()
         (F.softplus(-d(x[idx])).mean() + F.softplus(d(g(z[idx]).detach())).mean()).backward()
         od.step()
@@ -81,7 +84,7 @@ def loss(rank, n, wrap, overlap):
     o = _wrap(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), m.named_parameters(), wrap, overlap)
     losses = []
     for s in range(STEPS):
-        idx = torch.arange(s * GB, (s + 1) * GB).chunk(n)[rank]
+        idx = torch.arange(s * GB, (s + 1) * GB, device=DEV).chunk(n)[rank]
         o.zero_grad()
         lo = F.cross_entropy(m(x[idx]), y[idx])
         lo.backward()
@@ -100,12 +103,12 @@ def too_early(rank, n) -> str:
     o = _wrap(torch.optim.SGD(m.parameters(), lr=0.1), m.named_parameters(), True, True)
     msg = ""
     for s in range(STEPS):
-        idx = torch.arange(s * GB, (s + 1) * GB).chunk(n)[rank]
+        idx = torch.arange(s * GB, (s + 1) * GB, device=DEV).chunk(n)[rank]
         o.set_batch_size(len(idx))
         o.zero_grad()
         if s == STEPS - 1:
             try:
-                hetrain.push_pull(torch.ones(1), name="early")
+                hetrain.push_pull(torch.ones(1, device=DEV), name="early")
             except UserError as err:
                 msg = str(err)
         F.cross_entropy(m(x[idx]), y[idx]).backward()
@@ -119,21 +122,27 @@ def many_layouts(rank) -> list[float]:
     out = []
     for _ in range(2):
         for k in range(11):
-            out.append(float(hetrain.push_pull(torch.full((k + 1,), float(rank + 1)), name=f"metric{k}")[-1]))
+            t = torch.full((k + 1,), float(rank + 1), device=DEV)
+            out.append(float(hetrain.push_pull(t, name=f"metric{k}")[-1]))
     return out
 
 
 def train(n=1, rank=0, wrap=False, overlap=True):
     """Every case's weights (and the averaged losses) after STEPS steps."""
-    out = {f"split{order}": split(rank, n, wrap, overlap, order).state_dict() for order in ("12", "21")}
-    out["gan"] = gan(rank, n, wrap, overlap).state_dict()
+    def cpu(m):
+        return {k: v.cpu() for k, v in m.state_dict().items()}
+
+    out = {f"split{order}": cpu(split(rank, n, wrap, overlap, order)) for order in ("12", "21")}
+    out["gan"] = cpu(gan(rank, n, wrap, overlap))
     m = loss(rank, n, wrap, overlap)
-    out["loss"] = {**m.state_dict(), "losses": torch.tensor(m.losses)}
+    out["loss"] = {**cpu(m), "losses": torch.tensor(m.losses)}
     return out
 
 
 if __name__ == "__main__":
     hetrain.init()
+    if "--cuda" in sys.argv:
+        DEV = hetrain.device()
     res = {f"overlap={o}": train(hetrain.size(), hetrain.rank(), True, o) for o in (True, False)}
     res["too_early"] = too_early(hetrain.rank(), hetrain.size())
     res["many_layouts"] = many_layouts(hetrain.rank())
