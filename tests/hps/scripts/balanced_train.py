@@ -1,6 +1,7 @@
 """Train the reference model for one epoch through `BalancedLoader`: measured,
 re-balanced shares on emulated devices of different speeds, overlapped push_pull; save
-the parameters and the shares used."""
+the parameters and the shares used. `--cuda`: the model and each micro-batch on
+hetrain.device() (the CUDA worker of a mixed job; CPU workers stay on the CPU)."""
 import sys
 from pathlib import Path
 
@@ -25,7 +26,8 @@ machine = ctx.topology.proc(rank).machine
 # calibrated device model (stable timing on a shared 2-core host): 10 ms per sample at speed 1
 COST = 0.01
 device = EmulatedDevice(machine.device, machine.name, cost_per_sample=COST)
-model = make_model()
+dev = hetrain.device() if "--cuda" in sys.argv else torch.device("cpu")
+model = make_model().to(dev)
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
 loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy, tail=tail)
@@ -37,6 +39,7 @@ for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     with device.compute(len(x)):
         # one pass, or equal micro-batches (accumulate), then any claimed tail chunks
         for mx, my in loader.micro_batches(x, y):
+            mx, my = mx.to(dev), my.to(dev)
             (F.cross_entropy(model(mx), my) * (len(mx) / len(x))).backward()
             n, passes = n + len(mx), passes + 1
     compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
@@ -44,7 +47,7 @@ for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.step()
 loader.finish()
 out.mkdir(parents=True, exist_ok=True)
-torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()},
+torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
             "sizes": torch.from_numpy(np.stack(loader.balancer.history)),
             "strategy": loader.balancer.strategy, "micro": loader.balancer.micro,
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
