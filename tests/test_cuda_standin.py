@@ -222,7 +222,7 @@ def test_every_cuda_path_in_one_launched_job_matches_the_reference(tmp_path):
         for kind, params in saved[r]["trained"].items():
             for name, want in ref.items():
                 torch.testing.assert_close(params[name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {kind} {name}")
-    assert {"pair.cuda.overlap", "mixed.cuda.plain", "pair.host.plain", "job.cint4.plain", "job.host.overlap",
+    assert {"pair.cuda.overlap", "mixed.cuda.plain", "pair.cuda.speculated", "mixed.cuda.speculated", "pair.host.plain", "job.cint4.plain", "job.host.overlap",
             "job.plain.overlap"} <= seen
 
 

@@ -29,11 +29,11 @@ def push_pull(tensor, average: bool = True, name: str | None = None, batch_size:
     """
     _drain()
     if isinstance(tensor, (list, tuple)):
-        engine().push_pull(list(tensor), weight=batch_size, average=average)
+        engine().push_pull(list(tensor), weight=batch_size, average=average, speculate=True)
         return None
     t, label = _as_named(tensor, name)
     out = t.detach().clone()
-    engine().push_pull([(label, out)], weight=batch_size, average=average)
+    engine().push_pull([(label, out)], weight=batch_size, average=average, speculate=True)
     return out
 
 
@@ -58,7 +58,7 @@ _NEXT_HANDLE = [0]
 def _start(req: _Request) -> None:
     eng = engine()
     req.started = True
-    if not eng.begin(req.named, weight=req.batch_size, average=req.average):
+    if not eng.begin(req.named, weight=req.batch_size, average=req.average, speculate=True):
         req.done = True  # nothing to move (one worker): the result is the input
         return
     for i, (_, t) in enumerate(req.named):

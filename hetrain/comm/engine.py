@@ -68,6 +68,7 @@ class _Step:
     average: bool = True
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
     owner: ExchangeOwner | None = None  # who began it and can complete it (see PushPull.begin)
+    header: Callable[[], int] | None = None  # a speculated step's header wait: Σb, read in finish
 
 
 class ExchangeOwner(Protocol):
@@ -122,14 +123,14 @@ class PushPull:
 
     # ---- public -------------------------------------------------------------------------
     def push_pull(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
-                  total: int | None = None) -> None:
+                  total: int | None = None, speculate: bool = False) -> None:
         """Replace each tensor, in place, by the weighted average (or sum) over workers.
 
         `named` is in priority order: first = sent first (the input-side layers, needed
         first by the next forward pass). `weight` is this worker's batch size; `total`,
         when known, Σ of every worker's (see `begin`).
         """
-        if not self.begin(named, weight, average, total=total):
+        if not self.begin(named, weight, average, total=total, speculate=speculate):
             return
         order = range(len(named))
         if self.ctx.comm.overlap:  # same order as backward, which the servers expect
@@ -141,7 +142,7 @@ class PushPull:
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
               overlapped: bool = False, arrival: Arrival | None = None, total: int | None = None,
-              owner: ExchangeOwner | None = None) -> bool:
+              owner: ExchangeOwner | None = None, speculate: bool = False) -> bool:
         """Start a push_pull whose tensors will be handed over one by one with `ready`
         (e.g. from gradient hooks while backward runs) and collected by `finish`.
 
@@ -166,6 +167,13 @@ class PushPull:
         flight at a time (its layout, staging and collectives are the step's); a begin
         while an owned one is in flight first has its owner complete it, as a second
         optimizer's step or a push_pull of the loss between backward and step() need.
+
+        `speculate` (all-reduce mode, the agreed layout, no `total`): a standalone call
+        with no forward pass to hide the step header behind. Each worker sends b_i·x at
+        once, the header runs beside the buckets on its own process group, and `finish`
+        checks it and divides the sums by Σb: one round trip instead of two. Every worker
+        must pass the same value (the API's push_pull calls always do), since workers
+        scaling by b_i and by b_i / Σb cannot be summed together.
         """
         self.complete_other(owner)
         if weight < 0 or int(weight) != weight:
@@ -182,12 +190,15 @@ class PushPull:
             self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
             return False
         weight = int(weight)
-        control, agreed_total = None, -1
+        control, agreed_total, header = None, -1, None
         if isinstance(self.transport, AllReduceTransport):  # workers scale their own share
             if total is not None and average and digest == self.protocol.digest:
                 if total < 1 or weight > total:
                     raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
                 scale = weight / total  # the agreed layout and a known total: no header
+            elif speculate and digest == self.protocol.digest:  # Σb in finish, the header meanwhile
+                header = self.protocol.header_start(manifest, weight, digest)
+                scale = float(weight) if average else 1.0
             elif device.type == "cpu" and digest == self.protocol.digest:
                 wait = self.protocol.header_start(manifest, weight, digest)
                 # the agreed layout: read the header at the first bucket (it runs meanwhile)
@@ -205,7 +216,7 @@ class PushPull:
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
                            control=control, manifest=manifest, weight=weight, average=average, total=agreed_total,
-                           owner=owner)
+                           owner=owner, header=header)
         return True
 
     def owned_by(self, owner: object) -> bool:
@@ -299,8 +310,13 @@ class PushPull:
             if st.control is not None:
                 st.total = self.protocol.answers(st.control, st.manifest, st.weight)
             st.staging.resolve()  # all-reduce: the step header is checked even with no bucket
+            if st.header is not None:  # before the sums: a mismatch it names would leave them hanging
+                st.total = st.header()
             self.transport.finish(idle=self._idle_task())
             st.staging.complete(tensors)
+            if st.header is not None and st.average and st.total > 0:
+                for t in tensors:
+                    t.div_(st.total)
             if st.average and st.total == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
         finally:

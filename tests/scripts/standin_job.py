@@ -9,7 +9,8 @@ server transport), one summation server. Each rank saves (got, want) pairs:
   by name rules (the job's --codec-rule flags), overlap off (push_pull) and on (begin /
   ready in backward order / finish); host tensors pushed by the GPU workers;
 - subgroup engines (all-reduce transport): ranks 0 and 1 over NCCL (CUDA work buffer),
-  ranks 0 and 2 over gloo from pinned buffers (they share cuda:0), host tensors on both;
+  ranks 0 and 2 over gloo from pinned buffers (they share cuda:0), host tensors on both,
+  and a repeated CUDA call speculated (the engine's `speculate`);
 - training: DistributedOptimizer with overlap off and on, and DDP with hetrain's comm hook,
   each saved for comparison with the single-process reference.
 """
@@ -39,7 +40,7 @@ results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 SHAPES = [(40, 30), (40,), (700,), (3, 5)]
 
 
-def exchange(key, eng, members, prefix, step, host=False, overlapped=False):
+def exchange(key, eng, members, prefix, step, host=False, overlapped=False, speculate=False):
     """push_pull (or begin/ready/finish) of seeded tensors; record (got, exact average)."""
     weights = {r: 3 + 2 * r for r in members}
     total = sum(weights.values())
@@ -58,7 +59,7 @@ def exchange(key, eng, members, prefix, step, host=False, overlapped=False):
             eng.ready(i, named[i][1] if host else named[i][1].mul_(1.0))
         eng.finish([t for _, t in named])
     else:
-        eng.push_pull(named, weight=weights[rank])
+        eng.push_pull(named, weight=weights[rank], speculate=speculate)
     assert all(t.device.type == ("cpu" if host else "cuda") for _, t in named)
     results[key] = (torch.cat([t.reshape(-1).cpu() for _, t in named]), exact)
 
@@ -73,9 +74,13 @@ for step, (prefix, overlapped, host) in enumerate([("plain", False, False), ("pl
 for name, group in groups.items():
     if group.member:
         eng = PushPull(ctx, group)
-        for step, (overlapped, host) in enumerate([(False, False), (True, False), (False, True)]):
-            exchange(f"{name}.{'host' if host else 'cuda'}.{'overlap' if overlapped else 'plain'}", eng,
-                     group.ranks, "sub", 100 + step, host, overlapped)
+        # the third repeats the second's CUDA layout: speculated (the header beside the sums,
+        # the results divided by Σb on the compute stream after the copy back)
+        for step, (overlapped, host, spec) in enumerate([(False, False, False), (True, False, False),
+                                                         (False, False, True), (False, True, False)]):
+            kind = "speculated" if spec else "overlap" if overlapped else "plain"
+            exchange(f"{name}.{'host' if host else 'cuda'}.{kind}", eng, group.ranks, "sub", 100 + step, host,
+                     overlapped, spec)
 
 
 def train(kind: str) -> dict:
