@@ -1,8 +1,10 @@
 """What one call of the tensor API costs: `hetrain.push_pull(tensor)` (Horovod's
 `allreduce`: a new tensor, the average over workers) against what a plain PyTorch
 script writes for the same result (`out = t.clone(); dist.all_reduce(out); out /= n`),
-at sizes from a scalar (a loss or a metric) to 4 MB, and the same call alternating two
-tensor lists (a loss and a metric: the engine switches between two kept layouts).
+at sizes from a scalar (a loss or a metric) to 4 MB; the same call alternating two
+tensor lists (a loss and a metric: the engine switches between two kept layouts); and
+Horovod's own form, `hetrain.allreduce(tensor)`, which announces each call to workers
+that may have joined (`hvd.join()`) before its all-reduce.
 
 Two workers of an all-reduce job, each pinned to a core of its own (`threads: 1`),
 launched by `hetrain launch`; the systems take turns (A B B A per repeat), the table gives
@@ -24,7 +26,7 @@ import pinned_pair
 
 SIZES = (1, 1_000, 100_000, 1_000_000)  # float32 elements
 CALLS, WARM = 200, 20
-CASES = ("hetrain", "torch", "hetrain_alternating")
+CASES = ("hetrain", "torch", "hetrain_alternating", "horovod_form")
 
 
 def _timed(fn, calls: int) -> float:
@@ -56,6 +58,7 @@ def worker(out: str, repeats: int) -> None:
         x, y = torch.randn(size), torch.randn(size + 1)
         fns = {"hetrain": lambda: hetrain.push_pull(x, name="loss"),
                "torch": lambda: plain(x),
+               "horovod_form": lambda: hetrain.allreduce(x, name="loss"),
                "hetrain_alternating": lambda: (hetrain.push_pull(x, name="loss"), hetrain.push_pull(y, name="metric"))}
         for k in range(repeats):
             order = CASES + CASES[::-1] if k % 2 == 0 else CASES[::-1] + CASES
@@ -79,10 +82,12 @@ def main() -> int:
            "launches": launches, "repeats": repeats, "calls": CALLS, "cores": os.cpu_count()}
     print(f"== one averaging call, 2 workers pinned to a core each ({launches} launches, {repeats} repeats x 2 "
           f"turns per case, medians of {CALLS} calls after {WARM}) ==")
-    print(f"{'float32 elements':>17}{'hetrain ms':>12}{'torch ms':>10}{'hetrain/torch':>15}{'alternating ms':>16}")
+    print(f"{'float32 elements':>17}{'hetrain ms':>12}{'torch ms':>10}{'hetrain/torch':>15}{'alternating ms':>16}"
+          f"{'allreduce ms':>14}")
     for s, m in med.items():
         print(f"{int(s):>17,}{1e3 * m['hetrain']:>12.3f}{1e3 * m['torch']:>10.3f}"
-              f"{m['hetrain'] / m['torch']:>15.2f}{1e3 * m['hetrain_alternating']:>16.3f}")
+              f"{m['hetrain'] / m['torch']:>15.2f}{1e3 * m['hetrain_alternating']:>16.3f}{1e3 * m['horovod_form']:>14.3f}")
+    print("hetrain: hetrain.push_pull(t); alternating: two tensors in turn; allreduce: hetrain.allreduce(t)")
     print("torch: out = t.clone(); dist.all_reduce(out); out /= n (no check that the workers' tensors agree)")
     pinned_pair.write(a.json, out)
     return 0

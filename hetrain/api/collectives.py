@@ -66,18 +66,19 @@ def _wire_dtype(t: torch.Tensor, compression, what: str) -> torch.dtype:
 
 
 def _reduce_flat(flat: torch.Tensor, op: ReduceOp, active: int, what: str) -> torch.Tensor:
-    """All-reduce one flat tensor among the workers (Average over the `active` ones)."""
+    """All-reduce one flat tensor among the workers (Average over the `active` ones).
+    `flat` is a buffer made for this call: it may be reduced, and divided, in place."""
     if op == ReduceOp.ADASUM:
         return adasum_allreduce(flat, what)
     if op == ReduceOp.AVERAGE and not (flat.is_floating_point() or flat.is_complex()):
         raise UserError(f"{what}: the average of a {flat.dtype} tensor is not an integer; use op=hetrain.Sum, or "
                         "a floating-point tensor")
-    car = Carrier(flat, what)
+    car = Carrier(flat, what, owned=True)
     if car.ctx.distributed and car.ctx.num_workers > 1:
         car.run(lambda: dist.all_reduce(car.buf, op=TORCH_OP[op], group=car.group))
     out = car.back(car.buf)
     if op == ReduceOp.AVERAGE:
-        out = out / active
+        out = out.div_(active)
     return out
 
 

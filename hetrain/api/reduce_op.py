@@ -70,7 +70,7 @@ class Carrier:
     (the tensor itself, or a host copy in a dtype gloo takes), `group` the group that
     moves it; `back(result)` writes a result into the caller's device and dtype."""
 
-    def __init__(self, t: torch.Tensor, what: str):
+    def __init__(self, t: torch.Tensor, what: str, owned: bool = False):
         if not isinstance(t, torch.Tensor):
             raise UserError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
         if t.device.type not in ("cpu", "cuda"):
@@ -85,7 +85,10 @@ class Carrier:
         if not nccl:  # gloo: host memory, and bool travels as bytes
             data = data.to("cpu", torch.uint8 if t.dtype == torch.bool else t.dtype)
             p2p.host_only(data, what)
-        self.buf = data.contiguous().clone() if data is t or data.data_ptr() == t.data_ptr() else data.contiguous()
+        # the caller's own memory is copied before a collective writes into it, unless the
+        # caller says `t` is a buffer of its own (`owned`: a fused copy made for this call)
+        shared = not owned and (data is t or data.data_ptr() == t.data_ptr())
+        self.buf = data.contiguous().clone() if shared else data.contiguous()
 
     def back(self, result: torch.Tensor) -> torch.Tensor:
         return result.to(self.device, self.dtype)
