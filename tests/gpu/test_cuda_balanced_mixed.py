@@ -6,20 +6,13 @@ the loader re-plans in the exchange's wait (`while_waiting`), the tuner times st
 zero_grad (`mark_step_start`), and with a dynamic tail the GPU worker claims chunks while
 the step runs. The update must equal one CPU process's on the same global batches, up to
 float32 rounding of the GPU kernels."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.helpers import SCRIPTS
+from tests.hps.test_hps_multiprocess import HPS, check_one_process_update
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-sys.path.insert(0, str(SCRIPTS))
-from reference import single_process  # noqa: E402
-
-HPS = Path(__file__).parents[1] / "hps" / "scripts"
 MIXED = {"name": "mixed", "machines": [
     {"name": "g0", "role": "worker", "device": {"cuda": True}},
     {"name": "w1", "role": "worker", "device": {"speed": 0.5}},
@@ -33,17 +26,4 @@ def test_cuda_and_cpu_workers_balanced_give_one_process_update(launch, tmp_path,
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--cuda", f"--strategy={strategy}",
                         f"--tail={tail}", cluster=MIXED, mode="allreduce", timeout=90, limit=400)
     assert rc == 0, log
-    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
-    order = runs[0]["order"]
-    ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
-    for r, got in enumerate(runs):
-        assert got["strategy"] == strategy
-        for name, want in ref.items():
-            torch.testing.assert_close(got["params"][name], want, rtol=1e-4, atol=1e-5, msg=f"rank {r} {name}")
-    sizes = runs[0]["sizes"]
-    assert torch.all(sizes.sum(1) == 24)
-    assert all(torch.equal(r["sizes"], sizes) for r in runs)  # every worker agreed on every share
-    trained = torch.stack([r["trained"] for r in runs])
-    assert trained[:, :, 0].sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample once
-    if tail:
-        assert int(trained[:, :, 1].max()) > 1, trained
+    check_one_process_update(out, strategy, tail, rtol=1e-4, atol=1e-5)

@@ -58,6 +58,27 @@ def test_balanced_loader_overlapped_update_equals_single_process(launch, tmp_pat
     assert abs(int(sizes[-1, 0]) - 13.7) <= 2, sizes
 
 
+def check_one_process_update(out: Path, strategy: str, tail: float, rtol=1e-5, atol=1e-6) -> list[dict]:
+    """balanced_train.py's three workers ended with one process's parameters on the same
+    global batches, agreed on every share, and trained every sample of every step once
+    (claimed tail chunks included). Returns each rank's saved results."""
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    order = runs[0]["order"]
+    ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
+    for r, got in enumerate(runs):
+        assert got["strategy"] == strategy
+        for name, want in ref.items():
+            torch.testing.assert_close(got["params"][name], want, rtol=rtol, atol=atol, msg=f"rank {r} {name}")
+    sizes = runs[0]["sizes"]
+    assert torch.all(sizes.sum(1) == 24)
+    assert all(torch.equal(r["sizes"], sizes) for r in runs)  # every worker agreed on every share
+    trained = torch.stack([r["trained"] for r in runs])  # workers x steps x (samples, passes)
+    assert trained[:, :, 0].sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample of every step, once
+    if tail:  # chunks were claimed: some worker ran more than one pass in a step
+        assert int(trained[:, :, 1].max()) > 1, trained
+    return runs
+
+
 ALLREDUCE_THREE = {"name": "t", "machines": [m for m in THREE["machines"] if m["role"] == "worker"]}
 
 
@@ -73,19 +94,8 @@ def test_both_strategies_give_the_single_process_update(launch, tmp_path, strate
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), f"--strategy={strategy}", f"--tail={tail}",
                         cluster=ALLREDUCE_THREE, mode="allreduce")
     assert rc == 0, log
-    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
-    order = runs[0]["order"]
-    ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
-    for r, got in enumerate(runs):
-        assert got["strategy"] == strategy
-        for name, want in ref.items():
-            torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
+    runs = check_one_process_update(out, strategy, tail)
     sizes = runs[0]["sizes"]
-    assert torch.all(sizes.sum(1) == 24)
-    trained = torch.stack([r["trained"] for r in runs])  # workers x steps x (samples, passes)
-    assert trained[:, :, 0].sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample of every step, once
-    if tail:  # chunks were claimed: some worker ran more than one pass in a step
-        assert int(trained[:, :, 1].max()) > 1, trained
     if strategy == "accumulate":  # whole micro-batches per worker (the last one of a step may be short)
         micro = runs[0]["micro"]
         assert micro == 4
