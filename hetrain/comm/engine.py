@@ -160,8 +160,8 @@ class PushPull:
         dynamic tail, which scales those by 1 / weight like the rest). With the layout the
         workers agreed on, the step then needs no header collective at all, as in DDP:
         the buckets are its only collectives.
-        Only a tensor list that changes on one worker mid-job is not named then (its
-        collectives fail or time out instead of the mismatch message of a header).
+        Only a tensor list that changes on one worker mid-job is not named then: its
+        collectives time out, or gloo aborts the processes whose bucket sizes disagree.
 
         `owner`: who can complete this exchange (`ExchangeOwner`). One exchange is in
         flight at a time (its layout, staging and collectives are the step's); a begin
@@ -173,7 +173,9 @@ class PushPull:
         once, the header runs beside the buckets on its own process group, and `finish`
         checks it and divides the sums by Σb: one round trip instead of two. Every worker
         must pass the same value (the API's push_pull calls always do), since workers
-        scaling by b_i and by b_i / Σb cannot be summed together.
+        scaling by b_i and by b_i / Σb cannot be summed together. Only the layout in use
+        speculates: workers sending buckets of two layouts would abort in gloo (its size
+        check) before the header could name the mismatch.
         """
         self.complete_other(owner)
         if weight < 0 or int(weight) != weight:
