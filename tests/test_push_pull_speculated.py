@@ -1,7 +1,7 @@
 """push_pull called again with the same tensors in an all-reduce job (the engine's
 `speculate`: the step header runs beside the sums, which are divided by Σb after):
-weighted averages, sums, the async and in-place forms give the same results as the
-first call, which agreed the layout first; an all-zero-weight call is refused on every
+weighted averages, sums, the async and in-place forms and float16 tensors (whose weighted
+sum would overflow) give the same results as the first call, which agreed the layout first; an all-zero-weight call is refused on every
 worker and the next call works. (tests/test_faults.py: a worker whose tensors change
 while the others speculate is named on every rank.)"""
 import torch
@@ -29,4 +29,6 @@ def test_repeated_push_pull_is_the_weighted_average(launch, tmp_path):
         want = torch.cat([torch.full((3,), mean), torch.full((4,), 10 * mean)])
         for call in got["inplace"]:
             torch.testing.assert_close(call, want)
+        for call in got["half"]:
+            torch.testing.assert_close(call, torch.full((2,), 60000.0, dtype=torch.float16))
         assert len(got["zero"]) == 2 and all("every worker pushed with weight 0" in m for m in got["zero"]), got

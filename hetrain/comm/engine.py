@@ -32,7 +32,7 @@ from ..runtime.context import Context, init
 from .buckets import BucketTuner
 from .flatlayout import FlatLayout
 from .group import Group
-from .layout import Manifest, check_tensors
+from .layout import Manifest, check_tensors, wide_floats
 from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
 from .staging import HostDirect, HostInPlace, HostWork, Staging
 from .transport import AllReduceTransport, Arrival, HierarchicalTransport, make_transport
@@ -170,12 +170,14 @@ class PushPull:
 
         `speculate` (all-reduce mode, the agreed layout, no `total`): a standalone call
         with no forward pass to hide the step header behind. Each worker sends b_i·x at
-        once, the header runs beside the buckets on its own process group, and `finish`
+        once, the header runs beside the buckets (on a process group of its own in a
+        whole-job engine), and `finish`
         checks it and divides the sums by Σb: one round trip instead of two. Every worker
         must pass the same value (the API's push_pull calls always do), since workers
         scaling by b_i and by b_i / Σb cannot be summed together. Only the layout in use
         speculates: workers sending buckets of two layouts would abort in gloo (its size
-        check) before the header could name the mismatch.
+        check) before the header could name the mismatch; and only float32/float64 ones
+        (`wide_floats`: float16 may not hold the sum of b_i·x that the average fits in).
         """
         self.complete_other(owner)
         if weight < 0 or int(weight) != weight:
@@ -198,7 +200,7 @@ class PushPull:
                 if total < 1 or weight > total:
                     raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
                 scale = weight / total  # the agreed layout and a known total: no header
-            elif speculate and digest == self.protocol.digest:  # Σb in finish, the header meanwhile
+            elif speculate and digest == self.protocol.digest and wide_floats(named):  # Σb read in finish
                 header = self.protocol.header_start(manifest, weight, digest)
                 scale = float(weight) if average else 1.0
             elif device.type == "cpu" and digest == self.protocol.digest:

@@ -111,6 +111,13 @@ def describe_mismatch(manifests: dict[int, Manifest], scope: str = "") -> str:
     return f"{who} pushed the same tensors in different orders: {orders}. Push them in one fixed order."
 
 
+def wide_floats(named) -> bool:
+    """Every tensor is float32 or float64: wide enough to hold a weighted sum before it is
+    divided (a speculated push_pull, comm/engine.py). Dtypes are in a layout's digest, so
+    workers of one agreed layout answer alike."""
+    return all(t.dtype in (torch.float32, torch.float64) for _, t in named)
+
+
 def check_tensors(named, worker_device: torch.device | None, what: str = "push_pull",
                   model: bool = False) -> torch.device:
     """Every tensor a floating-point torch.Tensor, all on one device, and that device one

@@ -24,6 +24,9 @@ for _ in range(3):
     hetrain.push_pull(named, batch_size=r + 1)
     inplace.append(torch.cat([t.reshape(-1) for _, t in named]))
 res["inplace"] = inplace
+# half precision: the sum of b_i·x (360,000) would not fit in float16, the average does
+half = torch.full((2,), 60000.0, dtype=torch.float16)
+res["half"] = [hetrain.push_pull(half, name="half", batch_size=r + 1) for _ in range(3)]
 errors = []
 for _ in range(2):  # a new layout, then the same one again (speculated)
     try:
