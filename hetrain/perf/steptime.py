@@ -12,12 +12,12 @@ Interface
 - `solve_shares(global_batch, fixed, per_sample, caps, min_samples)`: integer shares
   summing to the global batch that minimise the largest predicted step time (exact).
 - `balanced_sizes(global_batch, speeds, caps)`: shares proportional to samples/s.
-- `predicted_times(sizes, fixed, per_sample)`: per-worker predicted seconds.
+- `predicted_times(sizes, fixed, per_sample)`: per-worker predicted seconds;
+  `step_floor(batch, fixed, per_sample)`: a bound no split of the batch's step beats.
 - `memory_caps(memory, memory_per_sample, reserved_bytes, limit)`: most samples each
-  worker's memory holds.
-- `spread(times, samples)`, `median_spread(spreads, skip)`: how together workers finish.
+  worker's memory holds; `spread`, `median_spread`: how together workers finish.
 - `useful_workers(...)`: who makes the step faster by taking part (a worker whose best
-  share is zero is left out); `plan_unequal`, `plan_accumulate`, `plan_step`: the two
+  share is zero sits out); `plan_unequal`, `plan_accumulate`, `plan_step`: the two
   balancing strategies (one local batch per worker by speed; equal micro-batches with a
   count per worker) and the choice between them, as a `StepPlan`.
 
@@ -49,9 +49,9 @@ class BatchDoesNotFitError(UserError):
 def theil_sen(x, y) -> tuple[float, float]:
     """Theil–Sen line (slope: median of pairwise slopes over pairs with distinct x;
     intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it.
-    Written out, in plain Python floats, because it runs at every re-balance inside
-    training on a window of a few dozen points: scipy's also computes confidence intervals
-    (a t-distribution quantile), and numpy's per-call cost dominates at this size."""
+    Written out in plain Python floats: it runs at every re-balance inside training on a
+    few dozen points, where scipy's also computes confidence intervals and numpy's
+    per-call cost dominates."""
     x, y = list(x), list(y)
     slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
     if not slopes:
@@ -164,12 +164,9 @@ def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 
     exactly between the two kinks around the batch (`_water_level`). Flooring at that
     level is the state the greedy reaches after its first picks; the last ≤ n picks are
     handed out greedily (ties: lower rank). A MILP (HiGHS) gives the same optimum (checked
-    by the tests) at far higher cost.
-
-    Hand-written, and in plain Python floats rather than numpy: it runs at every
-    re-balance, inside training, for a handful of workers, where numpy's per-call cost
-    (tens of calls, each slow with the caches cold from the step's compute) made it
-    hundreds of microseconds per step. Deterministic in its inputs.
+    by the tests) at far higher cost. Hand-written in plain Python floats: it runs at every
+    re-balance, inside training, for a few workers, where numpy's per-call cost (caches
+    cold from the compute) made it hundreds of microseconds per step. Deterministic.
 
     Result: every worker below its cap is predicted to finish within one of its own
     per-sample times of the slowest worker that was given samples by the solver.
@@ -230,6 +227,23 @@ def _water_level(batch: int, fixed: list[float], per: list[float], lo: list[int]
     return kinks[a] + (batch - c0) / (c1 - c0) * (kinks[b] - kinks[a])
 
 
+def step_floor(batch: int, fixed, per_sample) -> float:
+    """No split of `batch` samples (either strategy) is predicted faster than the water
+    level T with Σ max(0, T − fixed_i) / per_sample_i = batch: a worker with b_i samples
+    ends at fixed_i + per_sample_i · b_i or later (accumulating, its fixed part per pass
+    on top) and the b_i add up to the batch. NaN unless fixed ≥ 0 and per_sample > 0.
+    Lets the balancer skip solving a strategy that cannot win (it doubled the solve)."""
+    f, p, b = np.asarray(fixed, float).ravel().tolist(), np.asarray(per_sample, float).ravel().tolist(), int(batch)
+    if b < 1 or not all(math.isfinite(x) and x >= 0 for x in f) or not all(math.isfinite(x) and x > 0 for x in p):
+        return float("nan")
+    ws, inv, fsum = sorted(zip(f, p)), 0.0, 0.0  # water-filling: workers join in order of fixed part
+    for k, (fi, pi) in enumerate(ws):
+        inv, fsum = inv + 1 / pi, fsum + fi / pi
+        if k + 1 == len(ws) or (b + fsum) / inv <= ws[k + 1][0]:
+            return (b + fsum) / inv
+    return float("nan")  # no workers
+
+
 def _trim(lo: np.ndarray, global_batch: int, fixed, per) -> np.ndarray:
     """More forced minimum samples than the batch (only when caps force it): take back
     from the workers predicted to finish last."""
@@ -262,8 +276,7 @@ def spread(times, samples=None) -> float:
 
 
 def median_spread(spreads, skip: int) -> float:
-    """Median of per-step spreads after the first `skip` steps (all of them if there are
-    no more), ignoring steps where no spread could be measured."""
+    """Median of per-step spreads after the first `skip` steps (all if no more), NaNs ignored."""
     s = np.asarray(list(spreads)[skip:] if len(spreads) > skip else list(spreads), dtype=float)
     s = s[np.isfinite(s)]
     return float(np.median(s)) if len(s) else float("nan")
@@ -283,9 +296,7 @@ def useful_workers(global_batch: int, fixed, per_sample, caps, min_samples: int 
     them all by more than `margin` (fits are noisy: a worker is not sent away for a
     predicted 1%); then, whoever's best share is under `small_share` of an equal share
     (default `SMALL_SHARE`, a tenth; 0: none). A worker the rest cannot hold the batch
-    without stays. A dropped
-    worker rejoins as soon as the fits say it helps (the caller solves again with new
-    fits)."""
+    without stays. A dropped worker rejoins once the fits say it helps (solved again)."""
     return _useful(global_batch, fixed, per_sample, caps, min_samples, margin, small_share)[0]
 
 
@@ -391,8 +402,7 @@ class StepPlan:
       of its own, accumulating gradients (IIDP/JABAS's virtual workers): every forward
       sees the same batch size, as in synchronous SGD, and a fast device's memory caps
       the micro-batch only, not its share. Coarser (whole micro-batches) and each pass
-      pays the per-pass fixed cost, so it wins only where memory caps the other.
-    """
+      pays the per-pass fixed cost, so it wins only where memory caps the other."""
 
     strategy: Strategy
     sizes: np.ndarray  # samples per worker (sum: the batch)
@@ -408,15 +418,16 @@ class StepPlan:
 def plan_time(plan: StepPlan, fixed, per_sample, pass_fixed=None) -> float:
     """Predicted compute seconds of `plan`'s step under these fits: its slowest worker that
     takes part (accumulating: k_i passes, each paying `pass_fixed`, default `fixed`), as
-    the planners predict their own plans. Lets a caller price a plan made with older fits."""
-    fixed = np.asarray(fixed, dtype=float)
-    per = np.asarray(per_sample, dtype=float)
+    the planners predict their own plans. Lets a caller price a plan made with older fits.
+    Plain floats: the balancer prices the split in use at every re-balance, in the step."""
+    f, p = [float(x) for x in fixed], [float(x) for x in per_sample]
+    counts = plan.counts.tolist()
     if plan.strategy == "accumulate":
-        pf = fixed if pass_fixed is None else np.asarray(pass_fixed, dtype=float)
-        t = predicted_times(plan.counts, fixed, pf + plan.micro * per)
+        pf = f if pass_fixed is None else [float(x) for x in pass_fixed]
+        n, unit = counts, [a + plan.micro * b for a, b in zip(pf, p)]
     else:
-        t = predicted_times(plan.sizes, fixed, per)
-    return float(np.max(t[plan.counts > 0], initial=0.0))
+        n, unit = plan.sizes.tolist(), p
+    return max((f[i] + n[i] * unit[i] for i in range(len(f)) if counts[i] > 0), default=0.0)
 
 
 def plan_unequal(global_batch: int, fixed, per_sample, caps, min_samples: int = 1, labels=None,

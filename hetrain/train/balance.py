@@ -22,6 +22,7 @@ file's `memory` overrides the measurement.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, plan_time, predicted_times
+from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, plan_time, predicted_times, step_floor
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
@@ -302,17 +303,39 @@ class Balancer:
         until the other is predicted 5% faster (no flapping on noise). A micro-batch
         pays the step's fixed part again (kernel launches, Python), so accumulation is
         predicted slower unless memory caps the unequal batches. The split in use is kept
-        unless the new one is predicted faster by more than `hold` (`_held`)."""
+        unless the new one is predicted faster by more than `hold` (`_held`): where the
+        split in use is within `hold` of `step_floor`, no split of either strategy can be,
+        and nothing is solved (most re-balances once shares settle: solving inside the
+        step cost a few hundred microseconds of it on a busy core)."""
         if int(total) != self.global_batch and int(total) in self._partial:
             return self._partial[int(total)]  # an epoch's last batch, planned with these fits already
-        fits = self.fits
-        known = np.isfinite(fits[:, 1])
-        measured = self.cfg.policy != "equal" and known.any()
-        if measured:
-            fixed = np.where(known, fits[:, 0], np.mean(fits[known, 0]))
-            per = np.where(known, fits[:, 1], np.mean(fits[known, 1]))
+        fits = self.fits.tolist()  # plain floats until a solve (numpy's per-call cost, in the step)
+        known = [f for f in fits if math.isfinite(f[1])]
+        measured = self.cfg.policy != "equal" and bool(known)
+        if measured:  # a worker not measured yet counts as the measured ones' mean
+            fill = [sum(f[0] for f in known) / len(known), sum(f[1] for f in known) / len(known)]
+            fixed, per = ([(f if math.isfinite(f[1]) else fill)[k] for f in fits] for k in (0, 1))
         else:
-            fixed, per = np.zeros(self.n), np.ones(self.n)
+            fixed, per = [0.0] * self.n, [1.0] * self.n
+        current = self.plan if int(total) == self.global_batch else self._last_partial.get(int(total))
+        if measured and self._near_floor(current, int(total), fixed, per):
+            plan = current
+        else:
+            plan = self._solve(int(total), np.asarray(fixed), np.asarray(per), measured, current)
+        if int(total) != self.global_batch:
+            self._partial[int(total)] = self._last_partial[int(total)] = plan
+        return plan
+
+    def _near_floor(self, current: StepPlan | None, total: int, fixed: list[float], per: list[float]) -> bool:
+        """The split in use stays without a solve: predicted within `hold` of the floor no
+        split beats (`step_floor`), so `_held` would keep it against any new one."""
+        if current is None or self.cfg.hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
+            return False
+        return plan_time(current, fixed, per) <= step_floor(total, fixed, per) * (1 + self.cfg.hold)
+
+    def _solve(self, total: int, fixed: np.ndarray, per: np.ndarray, measured: bool,
+               current: StepPlan | None) -> StepPlan:
+        """`plan_for`'s solve: the strategy's split (both priced with "auto"), then `_held`."""
         caps = np.minimum(self.caps, total)
         micro = min(self.micro, int(total))
         # accumulation only needs one micro-batch in memory: a worker that cannot hold it runs none
@@ -329,18 +352,16 @@ class Balancer:
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
         else:
             une = plan_step(int(total), fixed, per, caps, strategy="unequal", **args)
-            acc = plan_step(int(total), fixed, per, caps, strategy="accumulate", **args)
-            cur, other = (une, acc) if self.strategy == "unequal" else (acc, une)
-            plan = other if other.predicted < 0.95 * cur.predicted else cur
+            if self.strategy == "unequal" and step_floor(total, fixed, per) * (1 - 1e-9) >= 0.95 * une.predicted:
+                plan = une  # accumulation cannot beat it by 5%: no need to solve it (step_floor)
+            else:
+                acc = plan_step(int(total), fixed, per, caps, strategy="accumulate", **args)
+                cur, other = (une, acc) if self.strategy == "unequal" else (acc, une)
+                plan = other if other.predicted < 0.95 * cur.predicted else cur
             self.strategy = plan.strategy
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
-        if measured:
-            plan = self._held(self.plan if int(total) == self.global_batch else self._last_partial.get(int(total)),
-                              plan, fixed, per)
-        if int(total) != self.global_batch:
-            self._partial[int(total)] = self._last_partial[int(total)] = plan
-        return plan
+        return self._held(current, plan, fixed, per) if measured else plan
 
     def _held(self, current: StepPlan | None, new: StepPlan, fixed: np.ndarray, per: np.ndarray) -> StepPlan:
         """`current` (the split in use for this many samples) unless `new` is predicted

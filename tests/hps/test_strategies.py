@@ -298,3 +298,48 @@ def test_plan_time_prices_a_plan_under_other_fits():
     assert plan_time(une, [0.01, 0.0], [1e-3, 3e-3]) == pytest.approx(0.15)
     acc = plan_step(100, [0.0, 0.0], [1e-3, 1e-3], [100, 100], micro=10, strategy="accumulate", pass_fixed=[1e-3, 1e-3])
     assert plan_time(acc, [0.0, 0.0], [1e-3, 1e-3], pass_fixed=[1e-3, 1e-3]) == pytest.approx(acc.predicted)
+
+
+def test_no_split_beats_the_step_floor_so_the_balancer_may_skip_a_strategy():
+    """step_floor is under every plan either strategy makes (random clusters: stragglers,
+    caps, zero fixed parts), and NaN where its bound needs what the fits lack. The
+    balancer prices accumulation only where that floor leaves it a chance: its choice
+    equals pricing both strategies every time."""
+    from hetrain.perf.steptime import step_floor
+
+    rng = np.random.default_rng(3)
+    for _ in range(1500):
+        n, g = int(rng.integers(1, 6)), int(rng.integers(1, 600))
+        fixed = rng.uniform(0, 0.02, n) * (rng.uniform(0, 1, n) < 0.7)
+        per = 10 ** rng.uniform(-6, -2, n)
+        caps = np.maximum((rng.uniform(0.3, 2, n) * g).astype(np.int64), 1)
+        if caps.sum() < g:
+            continue
+        floor = step_floor(g, fixed, per)
+        micro = int(rng.integers(1, 64))
+        for plan in (plan_unequal(g, fixed, per, caps), plan_accumulate(g, micro, fixed, per, pass_fixed=fixed),
+                     plan_unequal(g, fixed, per, caps, small_share=0.0)):
+            assert floor <= plan.predicted * (1 + 1e-12), (floor, plan)
+    assert np.isnan(step_floor(10, [-0.001, 0.0], [1e-3, 1e-3])) and np.isnan(step_floor(10, [0.0], [0.0]))
+
+    def choices(skip: bool, other_rows) -> list[str]:
+        import hetrain.train.balance as balance
+        real = balance.step_floor
+        balance.step_floor = real if skip else (lambda *_a: float("nan"))  # NaN: always price both
+        try:
+            b = Balancer(None, 512, BalanceConfig(overlap_exchange=False, every=1, micro_batch=32),
+                         gather=_fake_gather([np.inf, 5, 0, 0, 1], *other_rows), num_workers=2,
+                         caps=[512, 40])
+            out = []
+            for _ in other_rows:
+                b.record(int(b.sizes[0]) or 1, 1e-3 + 1e-5 * int(b.sizes[0]))
+                b.update()
+                out.append((b.plan.strategy, b.sizes.tolist()))
+            return out
+        finally:
+            balance.step_floor = real
+
+    rows = [[f, p] for f, p in zip(rng.uniform(0, 0.003, 40), 10 ** rng.uniform(-6, -3.5, 40))]
+    with_skip = choices(True, rows)
+    assert with_skip == choices(False, rows)
+    assert {s for s, _ in with_skip} == {"unequal", "accumulate"}  # both strategies were taken
