@@ -344,10 +344,9 @@ class PushPull:
         self._step_mark = time.perf_counter()
 
     def while_waiting(self, task: Callable[[], None]) -> None:
-        """Run `task` in each step's exchange, once every bucket is on its way and before
-        the wait for the results (all-reduce jobs; a bound method, held weakly, replacing
-        the one before): work that must happen between steps but needs no result of this
-        one takes the time the wait would idle (the loader re-plans its shares there)."""
+        """Run `task` in each step's exchange once every bucket is on its way, before the
+        wait (all-reduce jobs; a bound method, held weakly, replacing the one before): work
+        needing no result of this step takes the time the wait would idle (re-planning)."""
         self._idle = weakref.WeakMethod(task)
 
     def _idle_task(self) -> Callable[[], None] | None:
@@ -360,10 +359,10 @@ class PushPull:
         return self._idle()
 
     def grad_homes(self, named: list[tuple[str, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """Where the gradients of `named` (the parameters of the agreed layout) can live so
-        that backward accumulates them straight into the all-reduce buckets, by index:
-        views of the host all-reduce buffers (comm/staging.py `HostInPlace.homes_for`),
-        once a step has agreed the layout; empty elsewhere (servers, GPUs, one process)."""
+        """Where the gradients of `named` (the agreed layout's parameters) can live so that
+        backward accumulates them straight into the all-reduce buckets, by index: views of
+        the host buffers (`HostInPlace.homes_for`); empty before a step agreed the layout
+        and elsewhere (servers, GPUs, one process)."""
         st = self._stagings.get(torch.device("cpu"))
         if self._step is not None or not isinstance(st, HostInPlace) or self._layout is None:
             return {}
@@ -374,19 +373,22 @@ class PushPull:
 
     def zero_grad_homes(self) -> None:
         """Zero the buffers that hold gradient homes (see `grad_homes`)."""
-        st = self._stagings.get(torch.device("cpu"))
-        if isinstance(st, HostInPlace):
+        if isinstance(st := self._stagings.get(torch.device("cpu")), HostInPlace):
             st.zero_homes()
 
     def is_ready(self, index: int) -> bool:
         """Whether tensor `index` of the push_pull in flight was already handed over."""
         return self._step is not None and self._step.done[index]
 
+    def carry(self, row):
+        """`row` rides this engine's next step (`Transport.carry`, comm/cargo.py), or None."""
+        return self.transport.carry(row) if self.transport is not None else None
+
     @property
     def single_bucket(self) -> bool:
         """The agreed layout is one all-reduce bucket of host tensors: handing them over
-        while backward runs starts nothing earlier (the bucket waits for the last of them).
-        Not for GPU tensors, whose copies to the host do overlap with backward."""
+        while backward runs starts nothing earlier (not for GPU tensors, whose copies to
+        the host do overlap with backward)."""
         return (self._layout is not None and isinstance(self.transport, AllReduceTransport)
                 and len(self._layout.parts) == 1 and bool(self._stagings)
                 and all(d.type == "cpu" for d in self._stagings))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from .cargo import CARGO_ROOM
 from .compress import ErrorFeedback
 from .flatlayout import FlatLayout
 from .wire import decode_part, encode_part, payload_bytes
@@ -95,6 +96,11 @@ class Staging:
 
     def in_event(self, pid: int):
         """What a device collective on the work buffer must wait for after stage_in (None: nothing)."""
+        return None
+
+    def with_room(self, pid: int, extra: int) -> torch.Tensor | None:
+        """Partition `pid`'s work buffer extended by `extra` elements of its own spare room
+        (a trailer rides there: comm/cargo.py), or None where it has none."""
         return None
 
 
@@ -295,6 +301,7 @@ class HostInPlace(Staging):
         if layout.wire is not None:  # pragma: no cover - all-reduce carries fp32 only
             raise ValueError("in-place staging carries fp32 gradients only (codecs need summation servers)")
         self.buffers: dict[int, torch.Tensor] = {}
+        self.bases: dict[int, torch.Tensor] = {}  # the buffers' allocations, with their spare room
         # per buffered bucket: its spans as (tensor, first, end) in the tensor's own
         # elements, and the buffer's matching pieces (views made once per layout)
         self.slots: dict[int, list[tuple[int, int, int]]] = {}
@@ -309,7 +316,9 @@ class HostInPlace(Staging):
 
     def _buffer(self, pid: int) -> torch.Tensor:
         p = self.layout.parts[pid]
-        buf = self.buffers[pid] = torch.empty(p.length, dtype=torch.float32)
+        # spare room after the bucket, where a cargo's trailer rides without a copy (comm/cargo.py)
+        self.bases[pid] = torch.empty(p.length + CARGO_ROOM, dtype=torch.float32)
+        buf = self.buffers[pid] = self.bases[pid][:p.length]
         spans = self.layout.spans[pid]
         self.slots[pid] = [(i, lo - self.layout.bounds[i], hi - self.layout.bounds[i]) for i, lo, hi in spans]
         self.pieces[pid] = list(torch.split(buf, [hi - lo for _, lo, hi in spans]))
@@ -325,6 +334,10 @@ class HostInPlace(Staging):
         self.targets: dict[int, torch.Tensor | None] = {}
         self.storages: set = set()
         self.held: dict[int, list[tuple[int, torch.Tensor]]] = {}  # bucket -> (slot, source) to pack
+
+    def with_room(self, pid: int, extra: int) -> torch.Tensor | None:
+        base = self.bases.get(pid)
+        return base[:self.layout.parts[pid].length + extra] if base is not None and extra <= CARGO_ROOM else None
 
     def resolve(self) -> float:
         if callable(self._scale):

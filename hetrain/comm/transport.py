@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from . import p2p
 from .buckets import DDP_CAPS, BucketCaps
+from .cargo import CARGO_ROOM, Cargo, CargoHold, carrier
 from .layout import Manifest
 from .partition import Partition, plan_for
 from .protocol import part_tag
@@ -84,6 +85,11 @@ class Transport:
         may run once everything is on its way, before the wait (where a transport has
         such a point; the others ignore it)."""
         raise NotImplementedError
+
+    def carry(self, row) -> Cargo | None:
+        """A few numbers per worker to ride the next step's exchange (comm/cargo.py); None
+        where this transport cannot carry them (the caller then gathers them itself)."""
+        return None
 
 
 class ServerLeg:
@@ -229,6 +235,7 @@ class AllReduceTransport(Transport):
         self.caps: BucketCaps = DDP_CAPS  # the engine's bucket tuner may change it (comm/buckets.py)
         self._scratch: dict[int, object] = {}  # receive buffers of swapped buckets, for `_scratch_layout`
         self._scratch_layout = None
+        self.hold = CargoHold()  # numbers to ride the next step's smallest bucket (`carry`)
 
     @property
     def members(self):
@@ -278,17 +285,34 @@ class AllReduceTransport(Transport):
     def filled(self, pids: list[int]) -> None:
         pass
 
+    def carry(self, row) -> Cargo | None:
+        """`row` rides the next step's smallest bucket (comm/cargo.py) in the job's
+        all-reduce over gloo (host buffers, whole job: a slot per worker, in worker order).
+        None where it cannot (NCCL's device buffers, a subgroup, one worker, before the
+        first step, no bucket small enough to copy): the caller then gathers the rows."""
+        g, st = self.members, getattr(self, "staging", None)
+        if not g.whole_job or g.size < 2 or st is None or st.on_device:
+            return None
+        need = g.size * len(row)
+        if carrier([p.length for p in self.layout.parts], [st.with_room(p, need) is not None
+                                                           for p in range(len(self.layout.parts))]) is None:
+            return None
+        return self.hold.attach(row, sorted(g.ranks).index(self.ctx.rank), g.size)
+
     def _start(self, pid: int, view):
         """The bucket's all-reduce, as a swap with the other member where it qualifies (a
         small bucket in host memory: device buffers go to NCCL's all-reduce)."""
+        sent = view
+        if self.hold.pending is not None and not self.staging.on_device:
+            sent = self.hold.load(pid, view, self.staging)  # the bucket, or it with a cargo's trailer
         if pid not in self._scratch or self.staging.on_device:
-            return dist.all_reduce(view, group=self.group, async_op=True)
-        if self._scratch[pid] is None:
-            self._scratch[pid] = view.new_empty(view.shape)
+            return dist.all_reduce(sent, group=self.group, async_op=True)
+        if self._scratch[pid] is None:  # with room for a cargo's trailer
+            self._scratch[pid] = view.new_empty(view.numel() + CARGO_ROOM)
+        scratch = self._scratch[pid][:sent.numel()]
         me = self.ctx.rank
         peer = next(r for r in self.members.ranks if r != me)
-        return p2p.Swap(view, self._scratch[pid], peer, p2p.PAIR(pid % p2p.PAIR.size), self.group,
-                        f"swapping bucket {pid}")
+        return p2p.Swap(sent, scratch, peer, p2p.PAIR(pid % p2p.PAIR.size), self.group, f"swapping bucket {pid}")
 
     def _launch(self) -> None:
         while self.next < len(self.order) and self.order[self.next] in self.ready:
@@ -320,6 +344,7 @@ class AllReduceTransport(Transport):
         while self.works:
             pid, work = self.works.popleft()
             p2p.wait(work, self.ctx.peer_error, self._what, self._peers)
+            self.hold.unload(pid)
             self.staging.deliver(pid)
             n = self.layout.parts[pid].length * 4
             self.bytes_out += n

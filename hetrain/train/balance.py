@@ -10,8 +10,9 @@ per-sample part; a CPU the other way round). Every worker therefore fits its own
     t(b) = fixed + per_sample · b
 
 online from its recent steps (`StepTimeModel` in `hetrain.perf.steptime`, the one
-step-time model the planner shares), all-gathers the two numbers as float64
-over the worker group, and every worker runs the same exact solver (`solve_shares`) on
+step-time model the planner shares), exchanges the two numbers with the other workers
+(riding the optimizer's gradient all-reduce where it can, else an all-gather of their
+own: train/exchange.py), and every worker runs the same exact solver (`solve_shares`) on
 the same numbers, so all agree on the shares without a coordinator. The global batch
 never changes, and push_pull weights each gradient by its batch size, so the update is
 the one a single machine would compute on the whole global batch.
@@ -28,13 +29,13 @@ from typing import Callable, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..errors import UserError
 from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, plan_time, predicted_times, step_floor
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
+from .exchange import Gather, carried, exchange_rows, ready, worker_gather
 
 
 class DeviceMemoryTooSmallError(UserError):
@@ -118,39 +119,6 @@ def memory_caps(memory, cfg: BalanceConfig, limit: int) -> np.ndarray:
 
 # ---- the per-job balancer ---------------------------------------------------------------
 
-Gather = Callable[[np.ndarray], Callable[[], np.ndarray]]
-
-
-def worker_gather(ctx, what: str) -> Gather:
-    """All-gather one float64 row per worker over the worker group (rows, never pickles).
-
-    `gather(row)` starts the exchange and returns `wait()`, which gives the (workers x
-    len(row)) array: the exchange can run in gloo's background threads while this worker
-    computes its next step."""
-
-    def gather(row: np.ndarray) -> Callable[[], np.ndarray]:
-        t = torch.as_tensor(np.asarray(row, dtype=np.float64))
-        if not (ctx.distributed and ctx.num_workers > 1):
-            mine = t.numpy()[None, :]
-            return lambda: mine
-        out = [torch.zeros_like(t) for _ in range(ctx.num_workers)]
-        try:
-            work = dist.all_gather(out, t, group=ctx.worker_group, async_op=True)
-        except RuntimeError as err:
-            raise ctx.peer_error(what, [], err) from None
-
-        def wait() -> np.ndarray:
-            try:
-                work.wait()
-            except RuntimeError as err:
-                raise ctx.peer_error(what, [], err) from None
-            return torch.stack(out).numpy()
-
-        return wait
-
-    return gather
-
-
 @dataclass(frozen=True)
 class WorkerDevice:
     """What each worker reported at start: its memory limit and device (for summaries)."""
@@ -207,8 +175,12 @@ class Balancer:
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
+        # carry(row) -> Cargo | None: the rows ride the optimizer's next all-reduce instead
+        # of a gather of their own (comm/cargo.py; set by the loader, on the job's workers)
+        self.carry: Callable | None = None
         self._prefetched = False  # the exchange in flight was completed and applied by prefetch()
         self.step = 0
+        self.carried = 0  # exchanges whose rows rode the optimizer's all-reduce (train/exchange.py)
         self.every_worker = False  # every worker keeps a share (see require_every_worker)
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
@@ -403,14 +375,14 @@ class Balancer:
             return self.sizes
         fixed, per = self.model.fit()
         row = np.array([fixed, per, *extra], dtype=np.float64)
-        wait = self._gather(row)
+        wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
             (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
         if not early:
             self.rows = None
         if wait is not None:
-            self._apply(wait(), step)
+            self._receive(wait, step)
         self.history.append(self.sizes.copy())
         return self.sizes
 
@@ -423,7 +395,7 @@ class Balancer:
         yield to this process: there the wait is theirs, runtime/commthreads.py). Same
         shares, same rows as `update` would give; does nothing without an exchange in
         flight."""
-        if self.lockstep and self._pending is not None and not self._prefetched:
+        if self.lockstep and self._pending is not None and not self._prefetched and ready(self._pending[0]):
             self._complete_pending()
             self._prefetched = True
 
@@ -448,8 +420,12 @@ class Balancer:
         if self._pending is None:
             return False
         (wait, step), self._pending = self._pending, None
-        self._apply(wait(), step)
+        self._receive(wait, step)
         return True
+
+    def _receive(self, wait: Callable[[], np.ndarray], step: int) -> None:
+        self.carried += carried(wait)
+        self._apply(wait(), step)
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
         self.rows, self.rows_step = rows[:, 2:], step

@@ -16,7 +16,8 @@ import torch
 from ..errors import UserError
 from ..perf.steptime import spread
 from ..runtime.memory import synchronize
-from .balance import BalanceConfig, Balancer, Gather, worker_gather
+from .balance import BalanceConfig, Balancer
+from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
 from .tail import TailClaims, split_tail
 
@@ -73,6 +74,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             raise UserError(f"the dataset is empty (0 samples); BalancedLoader needs at least {global_batch}")
         if global_batch < 1:
             raise UserError(f"global_batch must be >= 1 sample, got {global_batch}")
+        job = group is None  # the job's workers: the balancer's rows may ride the optimizer's all-reduce
         if group is None:
             if ctx is None:
                 from ..runtime.context import init
@@ -115,6 +117,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self._batch: np.ndarray | None = None  # the global batch of the step handed out (its tail is claimed)
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
+        if job and hasattr(self.engine, "carry"):
+            self.balancer.carry = self.engine.carry
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)

@@ -58,11 +58,12 @@ def test_balanced_loader_overlapped_update_equals_single_process(launch, tmp_pat
     assert abs(int(sizes[-1, 0]) - 13.7) <= 2, sizes
 
 
-def check_one_process_update(out: Path, strategy: str, tail: float, rtol=1e-5, atol=1e-6) -> list[dict]:
-    """balanced_train.py's three workers ended with one process's parameters on the same
+def check_one_process_update(out: Path, strategy: str, tail: float, rtol=1e-5, atol=1e-6,
+                             workers: int = 3) -> list[dict]:
+    """balanced_train.py's workers ended with one process's parameters on the same
     global batches, agreed on every share, and trained every sample of every step once
     (claimed tail chunks included). Returns each rank's saved results."""
-    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(workers)]
     order = runs[0]["order"]
     ref = single_process([order[s * 24:(s + 1) * 24] for s in range(-(-200 // 24))])
     for r, got in enumerate(runs):
@@ -80,21 +81,28 @@ def check_one_process_update(out: Path, strategy: str, tail: float, rtol=1e-5, a
 
 
 ALLREDUCE_THREE = {"name": "t", "machines": [m for m in THREE["machines"] if m["role"] == "worker"]}
+ALLREDUCE_TWO = {"name": "t", "machines": ALLREDUCE_THREE["machines"][:2]}
 
 
-@pytest.mark.parametrize("strategy,tail", [("unequal", 0.0), ("accumulate", 0.0), ("unequal", 0.3)])
-def test_both_strategies_give_the_single_process_update(launch, tmp_path, strategy, tail):
+@pytest.mark.parametrize("strategy,tail,workers", [("unequal", 0.0, 3), ("accumulate", 0.0, 3), ("unequal", 0.3, 3),
+                                                   ("unequal", 0.0, 2)])
+def test_both_strategies_give_the_single_process_update(launch, tmp_path, strategy, tail, workers):
     """Mode allreduce (in-place buckets overlapped with backward, no step header once the
     loader knows the total): unequal local batches, and equal micro-batches with a count
     per worker (gradient accumulation), both give the update one process computes on
     the same global batches, a last partial batch included; so do unequal batches whose
     last 30% is claimed while the step runs (the dynamic tail: extra passes, the
-    exchange started on the last one)."""
+    exchange started on the last one). Every exchange of the balancer's rows rode the
+    next step's gradient all-reduce (gloo's ring with three workers, a bucket swap with
+    two); one made after the last step would have been gathered at `finish`."""
     out = tmp_path / "params"
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), f"--strategy={strategy}", f"--tail={tail}",
-                        cluster=ALLREDUCE_THREE, mode="allreduce")
+                        cluster=ALLREDUCE_THREE if workers == 3 else ALLREDUCE_TWO, mode="allreduce")
     assert rc == 0, log
-    runs = check_one_process_update(out, strategy, tail)
+    runs = check_one_process_update(out, strategy, tail, workers=workers)
+    # an exchange every other step (BalanceConfig.every), each riding the next step's all-reduce
+    steps = len(runs[0]["trained"])
+    assert all(r["carried"] == (steps - 1) // 2 for r in runs), [r["carried"] for r in runs]
     sizes = runs[0]["sizes"]
     if strategy == "accumulate":  # whole micro-batches per worker (the last one of a step may be short)
         micro = runs[0]["micro"]

@@ -50,6 +50,7 @@ out.mkdir(parents=True, exist_ok=True)
 torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
             "sizes": torch.from_numpy(np.stack(loader.balancer.history)),
             "strategy": loader.balancer.strategy, "micro": loader.balancer.micro,
+            "carried": loader.balancer.carried,  # exchanges whose rows rode the gradient all-reduce
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
             "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
             "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST,

@@ -1,0 +1,78 @@
+"""How the balancer's workers exchange one float64 row each per re-balance (their
+step-time fits and step metrics): an all-gather of its own over the worker group, or,
+where the optimizer's all-reduce can carry them, a trailer on its next step's smallest
+bucket (comm/cargo.py), which saves the collective. Rows, never pickles."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+Gather = Callable[[np.ndarray], Callable[[], np.ndarray]]
+
+
+def worker_gather(ctx, what: str) -> Gather:
+    """All-gather one float64 row per worker over the worker group (rows, never pickles).
+
+    `gather(row)` starts the exchange and returns `wait()`, which gives the (workers x
+    len(row)) array: the exchange can run in gloo's background threads while this worker
+    computes its next step."""
+
+    def gather(row: np.ndarray) -> Callable[[], np.ndarray]:
+        t = torch.as_tensor(np.asarray(row, dtype=np.float64))
+        if not (ctx.distributed and ctx.num_workers > 1):
+            mine = t.numpy()[None, :]
+            return lambda: mine
+        out = [torch.zeros_like(t) for _ in range(ctx.num_workers)]
+        try:
+            work = dist.all_gather(out, t, group=ctx.worker_group, async_op=True)
+        except RuntimeError as err:
+            raise ctx.peer_error(what, [], err) from None
+
+        def wait() -> np.ndarray:
+            try:
+                work.wait()
+            except RuntimeError as err:
+                raise ctx.peer_error(what, [], err) from None
+            return torch.stack(out).numpy()
+
+        return wait
+
+    return gather
+
+
+def exchange_rows(row: np.ndarray, gather: Gather, carry: Callable | None) -> Callable[[], np.ndarray]:
+    """Start exchanging `row`; the returned wait gives every worker's (workers x len(row)).
+
+    The rows ride the next step's all-reduce where `carry(row)` takes them. A cargo that
+    has not ridden when its rows are wanted (no step ran in between: the end of training,
+    or a loop that wants them before its step ends) is dropped and the rows gathered
+    then. Whether it rode depends only on where each worker's loop is, which is the same
+    on every worker, so all of them gather or none."""
+    cargo = carry(row) if carry is not None else None
+    if cargo is None:
+        return gather(row)
+
+    def wait() -> np.ndarray:
+        if cargo.rows is None:
+            cargo.drop()
+            return gather(row)()
+        return cargo.rows
+
+    wait.cargo = cargo  # type: ignore[attr-defined]  (see `ready`)
+    return wait
+
+
+def ready(wait: Callable[[], np.ndarray]) -> bool:
+    """Whether `wait()` can give the rows without its cargo's step: a carried exchange
+    waits for the step it rides, so it must not be completed from inside that step."""
+    cargo = getattr(wait, "cargo", None)
+    return cargo is None or cargo.rows is not None
+
+
+def carried(wait: Callable[[], np.ndarray]) -> bool:
+    """Whether `wait()` gives rows that rode a step's all-reduce (not a gather)."""
+    cargo = getattr(wait, "cargo", None)
+    return cargo is not None and cargo.rows is not None
