@@ -63,21 +63,17 @@ def theil_sen(x, y) -> tuple[float, float]:
 class StepTimeModel:
     """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
 
-    - The shape (the ratio of fixed to per-sample time) comes from a Theil–Sen
-      regression (median of pairwise slopes, `scipy.stats.theilslopes`) over the last
-      `window` steps, which tolerates up to ~29% outliers. It is refitted only when the
-      window's batch sizes are spread enough to identify a slope (max − min ≥ max(2, 20%
-      of the median)); otherwise the last identified line is held (balanced shares
-      settle, so the window soon holds one batch size only). Before any identification
-      the fixed part is 0 (a proportional model). A slope ≤ 0 (time flat in the batch,
-      e.g. a GPU far from busy) is read as 90% fixed time.
+    - The shape (fixed to per-sample time) comes from a Theil–Sen regression (median of
+      pairwise slopes, `scipy.stats.theilslopes`) over the last `window` steps (it
+      tolerates ~29% outliers), refitted only when the window's batch sizes are spread
+      enough to identify a slope (max − min ≥ max(2, 20% of the median)); otherwise the
+      last identified line is held (settled shares leave one batch size). Before any,
+      the fixed part is 0; a slope ≤ 0 (a GPU far from busy) reads as 90% fixed time.
     - The level follows the last `recent` steps: both parts are scaled by the median of
-      measured / predicted time over them. So the model always passes through the
-      current operating point (shares that equalise predicted times equalise measured
-      ones, whatever error the shape has), one disturbed step does not move it, and a
-      slowdown or speed-up (interference stretches the whole step) is followed within
-      `recent`/2 + 1 steps without the overshoot a held fixed part would cause.
-    """
+      measured / predicted time over them. So the model passes through the current
+      operating point (shares that equalise predicted times equalise measured ones,
+      whatever error the shape has), one disturbed step does not move it, and a change
+      of speed is followed within `recent`/2 + 1 steps without overshoot."""
 
     def __init__(self, window: int = 16, recent: int = 5, min_spread: float = 0.2):
         self.obs: deque[tuple[int, float]] = deque(maxlen=window)
@@ -85,6 +81,7 @@ class StepTimeModel:
         self.min_spread = min_spread
         self.line: tuple[float, float] | None = None  # last identified (fixed s, per-sample s)
         self.how = "none"  # none | proportional | regression | held
+        self.noise = 0.0  # step-to-step noise of measured / fitted time (relative; robust, see fit)
 
     def add(self, samples: int, seconds: float) -> None:
         if samples > 0 and np.isfinite(seconds) and seconds > 0:
@@ -99,8 +96,7 @@ class StepTimeModel:
         if not self.obs:
             self.how = "none"
             return float("nan"), float("nan")
-        b = [o[0] for o in self.obs]
-        t = [o[1] for o in self.obs]
+        b, t = [o[0] for o in self.obs], [o[1] for o in self.obs]
         if self._identifiable(b):
             slope, intercept = theil_sen(b, t)
             med_t, med_b = statistics.median(t), statistics.median(b)
@@ -117,6 +113,11 @@ class StepTimeModel:
         scale = statistics.median(y / q for y, q in zip(rt, pred)) if all(q > 0 for q in pred) else 1.0
         if not (math.isfinite(scale) and scale > 0):
             scale = 1.0
+        # noise: from successive differences of measured / fitted over the window (a change
+        # of speed moves one difference, not their median): 1.4826 · median |Δr| / √2
+        r = [y / (fixed + per * x) for x, y in zip(b, t) if fixed + per * x > 0]
+        d = [abs(q - p) for p, q in zip(r, r[1:])]
+        self.noise = 1.0484 * statistics.median(d) / statistics.median(r) if len(d) >= 2 else 0.0
         return fixed * scale, max(per * scale, 1e-12)
 
 
@@ -167,10 +168,8 @@ def solve_shares(global_batch: int, fixed, per_sample, caps, min_samples: int = 
     by the tests) at far higher cost. Hand-written in plain Python floats: it runs at every
     re-balance, inside training, for a few workers, where numpy's per-call cost (caches
     cold from the compute) made it hundreds of microseconds per step. Deterministic.
-
-    Result: every worker below its cap is predicted to finish within one of its own
-    per-sample times of the slowest worker that was given samples by the solver.
-    """
+    Every worker below its cap is predicted to finish within one of its own per-sample
+    times of the slowest worker given samples."""
     g = int(global_batch)
     caps_l = [min(int(c), g) for c in np.asarray(caps, dtype=np.int64).ravel().tolist()]
     if sum(caps_l) < g:

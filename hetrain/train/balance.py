@@ -72,6 +72,9 @@ class BalanceConfig:
     # cuDNN autotuning, torch.compile), and shares re-solved on step noise wander by a few
     # samples; a real change of speed (interference, a straggler) is far above it
     hold: float = 0.01
+    # ... and by this many standard errors of the fits' level where that is more (the
+    # step-to-step noise of a shared host: a CNN's shares re-solved on it wandered by 5%)
+    hold_noise: float = 2.0
     # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
     # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
     # auto: the one the step-time model predicts faster for the measured workers
@@ -102,6 +105,8 @@ class BalanceConfig:
             raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
         if not 0.0 <= self.hold < 1.0:
             raise UserError(f"hold must be a fraction of the step in [0, 1) (0: always re-split), got {self.hold}")
+        if not self.hold_noise >= 0.0:
+            raise UserError(f"hold_noise must be >= 0 standard errors (0: hold alone), got {self.hold_noise}")
         if self.strategy not in ("auto", "unequal", "accumulate"):
             raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
         if not 0.0 <= self.tail < 1.0:
@@ -170,6 +175,7 @@ class Balancer:
         self.caps = np.minimum(mem_caps, self.global_batch)
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
+        self.noise = np.zeros(self.n)  # agreed step-to-step noise of each worker's time (relative)
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -301,9 +307,10 @@ class Balancer:
     def _near_floor(self, current: StepPlan | None, total: int, fixed: list[float], per: list[float]) -> bool:
         """The split in use stays without a solve: predicted within `hold` of the floor no
         split beats (`step_floor`), so `_held` would keep it against any new one."""
-        if current is None or self.cfg.hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
+        hold = self.hold
+        if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
-        return plan_time(current, fixed, per) <= step_floor(total, fixed, per) * (1 + self.cfg.hold)
+        return plan_time(current, fixed, per) <= step_floor(total, fixed, per) * (1 + hold)
 
     def _solve(self, total: int, fixed: np.ndarray, per: np.ndarray, measured: bool,
                current: StepPlan | None) -> StepPlan:
@@ -340,10 +347,22 @@ class Balancer:
         faster, under the same fits, by more than `hold` of the step (BalanceConfig.hold:
         a new local batch size costs kernels built per shape). Every worker decides the
         same from the same agreed fits."""
-        if (current is None or self.cfg.hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
+        hold = self.hold
+        if (current is None or hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
                 or (self.every_worker and bool((current.sizes == 0).any()))):
             return new
-        return current if plan_time(current, fixed, per) <= new.predicted * (1 + self.cfg.hold) else new
+        return current if plan_time(current, fixed, per) <= new.predicted * (1 + hold) else new
+
+    @property
+    def hold(self) -> float:
+        """How much faster a new split must be predicted: `BalanceConfig.hold`, or, where
+        the fits are noisier, `hold_noise` standard errors of the noisiest worker's level
+        (its step-to-step noise, `StepTimeModel.noise`, over the `recent` steps the level
+        is the median of): a split re-solved on noise alone is no faster, and each new one
+        is a new input shape; a real change of speed moves the prediction far more."""
+        if self.cfg.hold <= 0:
+            return 0.0
+        return max(self.cfg.hold, self.cfg.hold_noise * 1.2533 * float(np.max(self.noise)) / math.sqrt(self.cfg.recent))
 
     def _small_share(self) -> list[float]:
         """Each worker's small-share threshold: `small_share`, or `rejoin` times it for a
@@ -374,7 +393,7 @@ class Balancer:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        row = np.array([fixed, per, *extra], dtype=np.float64)
+        row = np.array([fixed, per, self.model.noise, *extra], dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -428,7 +447,8 @@ class Balancer:
         self._apply(wait(), step)
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
-        self.rows, self.rows_step = rows[:, 2:], step
+        self.rows, self.rows_step = rows[:, 3:], step
+        self.noise = np.nan_to_num(rows[:, 2])
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

@@ -343,3 +343,35 @@ def test_no_split_beats_the_step_floor_so_the_balancer_may_skip_a_strategy():
     with_skip = choices(True, rows)
     assert with_skip == choices(False, rows)
     assert {s for s, _ in with_skip} == {"unequal", "accumulate"}  # both strategies were taken
+
+
+def test_shares_ride_out_step_noise_and_follow_a_real_change():
+    """StepTimeModel.noise reads the step-to-step noise of a worker's time (8% here) and
+    is not fooled by a change of speed. With fits that move by that noise the balancer
+    keeps its split (BalanceConfig.hold_noise standard errors of the level), where the
+    fixed 1% hold alone re-split on most exchanges; a worker turning 2x slower is
+    followed at once either way."""
+    from hetrain.perf.steptime import StepTimeModel
+
+    rng = np.random.default_rng(5)
+    m = StepTimeModel()
+    for k in range(16):
+        m.add(500, 0.5 * (1 + 0.08 * rng.standard_normal()) * (2.0 if k >= 12 else 1.0))
+    m.fit()
+    assert 0.04 < m.noise < 0.14, m.noise
+    wobble = [[0.0, 1e-3 * (1 + 0.04 * rng.standard_normal()), 0.08] for _ in range(12)] + [[0.0, 2e-3, 0.08]] * 3
+
+    def sizes(**cfg):
+        b = Balancer(None, 1000, BalanceConfig(overlap_exchange=False, every=1, **cfg),
+                     gather=_fake_gather([np.inf, 5, 0, 0, 1], *wobble), num_workers=2)
+        seen = []
+        for _ in wobble:
+            b.record(int(b.sizes[0]), 1e-3 * int(b.sizes[0]) * (1 + 0.08 * rng.standard_normal()))
+            seen.append(int(b.update()[0]))
+        return seen
+
+    noisy, fixed = sizes(), sizes(hold_noise=0.0)
+    assert len(set(noisy[1:12])) == 1 and len(set(fixed[1:12])) > 3, (noisy, fixed)
+    assert noisy[-1] > 600 and fixed[-1] > 600  # the other worker at half speed: about 667 of 1000 here
+    with pytest.raises(UserError, match="hold_noise"):
+        BalanceConfig(hold_noise=-1.0)
