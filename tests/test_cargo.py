@@ -36,7 +36,7 @@ def _worker_step(ts, lay, hold, row, slot):
     s.begin(1.0)
     for i in reversed(range(len(ts))):
         s.fill(i, ts[i], 0, ts[i].numel())
-    hold.attach(row, slot, 2)
+    assert hold.attach(row, slot, 2, s) is not None
     return s, {pid: hold.load(pid, s.work_view(pid), s) for pid in range(len(lay.parts))}
 
 
@@ -96,14 +96,20 @@ def test_an_exchange_whose_cargo_never_rode_is_gathered():
         gathered.append(row)
         return lambda: np.stack([row, row + 1])
 
+    ts, lay = _staging()
+    s = HostInPlace(lay)
     hold = CargoHold()
-    wait = exchange_rows(np.array([1.0, 2.0]), gather, lambda row: hold.attach(row, 0, 2))
+    wait = exchange_rows(np.array([1.0, 2.0]), gather, lambda row: hold.attach(row, 0, 2, s))
     assert not gathered and not ready(wait) and not carried(wait)
     cargo = hold.pending
     assert wait().tolist() == [[1.0, 2.0], [2.0, 3.0]] and len(gathered) == 1 and cargo.dropped
-    bucket = torch.zeros(4)
-    assert hold.load(0, bucket, None) is bucket and hold.riding is None  # a dropped cargo never rides
-    wait = exchange_rows(np.array([1.0, 2.0]), gather, lambda row: hold.attach(row, 0, 2))
+    bucket = s.buffers[cargo.bucket]
+    assert hold.load(cargo.bucket, bucket, s) is bucket and hold.riding is None  # a dropped cargo never rides
+    wait = exchange_rows(np.array([1.0, 2.0]), gather, lambda row: hold.attach(row, 0, 2, s))
+    other = HostInPlace(FlatLayout.build(lay.manifest, lay.parts))  # another layout: the cargo stays pending
+    theirs = other.buffers[hold.pending.bucket]
+    assert hold.load(hold.pending.bucket, theirs, other) is theirs  # the bucket alone, no trailer
+    assert hold.riding is None and hold.pending is not None
     hold.pending.rows = np.array([[1.0, 2.0], [3.0, 4.0]])  # its bucket's sum came in
     assert ready(wait) and carried(wait) and wait().tolist() == [[1.0, 2.0], [3.0, 4.0]] and len(gathered) == 1
     assert ready(exchange_rows(np.zeros(2), gather, None))  # no carrier: a gather of its own

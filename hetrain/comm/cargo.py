@@ -4,15 +4,17 @@ by a collective of their own.
 Each worker writes its row into its slot of a trailer (zeros in the others' slots)
 appended to one bucket of the next step; the bucket's sum then holds every worker's row,
 exactly (x + 0 + ... + 0). The balancer exchanges its step-time fits this way: as a
-collective of its own (gloo's all-gather), the exchange cost a worker on one core a
-thread hand-off and its socket work, about 0.2 ms every other step of the MLP in
-bench/hetero.py; the trailer costs writing a few numbers.
+collective of its own (gloo's all-gather) the exchange cost a worker on one core a
+thread hand-off and its socket work (with the solves it skips near the floor, the
+loader's exchange in bench/hetero.py's real section went from 0.32-0.39 to 0.16-0.19 ms
+a step); the trailer costs writing a few numbers.
 
-The bucket that carries it (`carrier`) is one of the next step's all-reduce, chosen from
-the agreed layout: every worker attaches at the same point of its loop (the balanced
-loader's end of step), so every worker's row rides the same bucket. A buffered bucket
-has spare room after it for the trailer (no copy); otherwise a small bucket is copied
-with the trailer appended.
+The bucket that carries it (`carrier`) is chosen when the row is attached, from the
+agreed layout, and every worker attaches at the same point of its loop (the balanced
+loader's end of step), so every worker's row rides the same bucket of the same step. A
+buffered bucket has spare room after it for the trailer (no copy); otherwise a small
+bucket is copied with the trailer appended. A cargo whose layout is no longer the one in
+use when its bucket launches does not ride (its rows are then gathered).
 """
 from __future__ import annotations
 
@@ -41,12 +43,14 @@ def carrier(lengths: list[int], roomy: list[bool]) -> int | None:
 
 
 class Cargo:
-    """One worker's row, and once the carrying bucket's sum is in, every worker's rows
-    (`rows`, workers x len(row), float64). A cargo dropped before it rides never does."""
+    """One worker's row, the bucket of which layout it is to ride, and once that bucket's
+    sum is in, every worker's rows (`rows`, workers x len(row), float64). A cargo dropped
+    before it rides never does."""
 
-    def __init__(self, row, slot: int, workers: int):
+    def __init__(self, row, slot: int, workers: int, bucket: int, layout):
         self.row = np.asarray(row, dtype=np.float64).ravel()
         self.slot, self.workers = slot, workers
+        self.bucket, self.layout = bucket, layout
         self.rows: np.ndarray | None = None
         self.dropped = False
 
@@ -60,47 +64,53 @@ class Cargo:
 
 
 class CargoHold:
-    """A transport's cargo: the one pending (it rides the next carrying bucket) and the
+    """A transport's cargo: the one pending (it rides its bucket's next launch) and the
     one riding (its bucket's buffer with the trailer, until the sum is in)."""
 
     def __init__(self):
         self.pending: Cargo | None = None
-        self.riding: tuple[Cargo, int, torch.Tensor, torch.Tensor] | None = None  # cargo, bucket, view, buffer
+        # cargo, bucket, the bucket's view, what was sent (the view and the trailer), copied or in its room
+        self.riding: tuple[Cargo, int, torch.Tensor, torch.Tensor, bool] | None = None
 
-    def attach(self, row, slot: int, workers: int) -> Cargo:
+    def attach(self, row, slot: int, workers: int, staging) -> Cargo | None:
+        """`row` to ride the `carrier` bucket of `staging`'s layout (None: no bucket can
+        carry it; the caller gathers the rows itself)."""
+        layout = staging.layout
+        need = workers * len(np.ravel(row))
+        bucket = carrier([p.length for p in layout.parts],
+                         [staging.with_room(p, need) is not None for p in range(len(layout.parts))])
+        if bucket is None:
+            return None
         if self.pending is not None:
             self.pending.drop()
-        self.pending = Cargo(row, slot, workers)
+        self.pending = Cargo(row, slot, workers, bucket, layout)
         return self.pending
 
     def load(self, pid: int, view: torch.Tensor, staging) -> torch.Tensor:
         """What to all-reduce for bucket `pid`: its buffer, or, where the pending cargo
-        rides it (`carrier`), the buffer with the trailer after it: in the buffer's spare
-        room, else in a copy."""
+        rides it, the buffer with the trailer after it: in the buffer's spare room, else
+        in a copy."""
         cargo = self.pending
-        if cargo is None or cargo.dropped or view.dtype not in (torch.float32, torch.float64):
-            return view
-        lengths = [p.length for p in staging.layout.parts]
-        need = cargo.workers * len(cargo.row)
-        roomy = [staging.with_room(p, need) is not None for p in range(len(lengths))]
-        if pid != carrier(lengths, roomy):
+        if (cargo is None or cargo.dropped or pid != cargo.bucket or staging.layout is not cargo.layout
+                or staging.on_device or view.dtype not in (torch.float32, torch.float64)):
             return view
         self.pending = None
-        ext = staging.with_room(pid, need)
-        if ext is None:
-            ext = torch.cat([view, cargo.trailer(view.dtype)])
+        trailer = cargo.trailer(view.dtype)
+        sent = staging.with_room(pid, len(trailer))
+        if sent is None:
+            sent = torch.cat([view, trailer])
         else:
-            ext[view.numel():] = cargo.trailer(view.dtype)
-        self.riding = (cargo, pid, view, ext)
-        return ext
+            sent[view.numel():] = trailer
+        self.riding = (cargo, pid, view, sent, sent.data_ptr() != view.data_ptr())
+        return sent
 
     def unload(self, pid: int) -> None:
         """Bucket `pid`'s sum is in: where it carried the cargo, the sum goes back into the
-        bucket's buffer and the rows to the cargo."""
+        bucket's buffer (from a copy) and the rows to the cargo."""
         if self.riding is None or self.riding[1] != pid:
             return
-        (cargo, _pid, view, ext), self.riding = self.riding, None
-        if ext.data_ptr() != view.data_ptr():  # a copy, not the buffer's own room
-            view.copy_(ext[:view.numel()])
+        (cargo, _pid, view, sent, copied), self.riding = self.riding, None
+        if copied:
+            view.copy_(sent[:view.numel()])
         if not cargo.dropped:
-            cargo.rows = ext[view.numel():].view(cargo.workers, -1).to(torch.float64).numpy()
+            cargo.rows = sent[view.numel():].view(cargo.workers, -1).to(torch.float64).numpy()

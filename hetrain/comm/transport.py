@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from . import p2p
 from .buckets import DDP_CAPS, BucketCaps
-from .cargo import CARGO_ROOM, Cargo, CargoHold, carrier
+from .cargo import CARGO_ROOM, Cargo, CargoHold
 from .layout import Manifest
 from .partition import Partition, plan_for
 from .protocol import part_tag
@@ -293,18 +293,12 @@ class AllReduceTransport(Transport):
         g, st = self.members, getattr(self, "staging", None)
         if not g.whole_job or g.size < 2 or st is None or st.on_device:
             return None
-        need = g.size * len(row)
-        if carrier([p.length for p in self.layout.parts], [st.with_room(p, need) is not None
-                                                           for p in range(len(self.layout.parts))]) is None:
-            return None
-        return self.hold.attach(row, sorted(g.ranks).index(self.ctx.rank), g.size)
+        return self.hold.attach(row, sorted(g.ranks).index(self.ctx.rank), g.size, st)
 
     def _start(self, pid: int, view):
         """The bucket's all-reduce, as a swap with the other member where it qualifies (a
         small bucket in host memory: device buffers go to NCCL's all-reduce)."""
-        sent = view
-        if self.hold.pending is not None and not self.staging.on_device:
-            sent = self.hold.load(pid, view, self.staging)  # the bucket, or it with a cargo's trailer
+        sent = view if self.hold.pending is None else self.hold.load(pid, view, self.staging)  # + a cargo's trailer
         if pid not in self._scratch or self.staging.on_device:
             return dist.all_reduce(sent, group=self.group, async_op=True)
         if self._scratch[pid] is None:  # with room for a cargo's trailer

@@ -296,24 +296,25 @@ class Balancer:
         else:
             fixed, per = [0.0] * self.n, [1.0] * self.n
         current = self.plan if int(total) == self.global_batch else self._last_partial.get(int(total))
-        if measured and self._near_floor(current, int(total), fixed, per):
+        floor = step_floor(total, fixed, per) if measured else float("nan")  # no split is predicted faster
+        if measured and self._near_floor(current, floor, fixed, per):
             plan = current
         else:
-            plan = self._solve(int(total), np.asarray(fixed), np.asarray(per), measured, current)
+            plan = self._solve(int(total), np.asarray(fixed), np.asarray(per), measured, current, floor)
         if int(total) != self.global_batch:
             self._partial[int(total)] = self._last_partial[int(total)] = plan
         return plan
 
-    def _near_floor(self, current: StepPlan | None, total: int, fixed: list[float], per: list[float]) -> bool:
+    def _near_floor(self, current: StepPlan | None, floor: float, fixed: list[float], per: list[float]) -> bool:
         """The split in use stays without a solve: predicted within `hold` of the floor no
         split beats (`step_floor`), so `_held` would keep it against any new one."""
         hold = self.hold
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
-        return plan_time(current, fixed, per) <= step_floor(total, fixed, per) * (1 + hold)
+        return plan_time(current, fixed, per) <= floor * (1 + hold)
 
     def _solve(self, total: int, fixed: np.ndarray, per: np.ndarray, measured: bool,
-               current: StepPlan | None) -> StepPlan:
+               current: StepPlan | None, floor: float) -> StepPlan:
         """`plan_for`'s solve: the strategy's split (both priced with "auto"), then `_held`."""
         caps = np.minimum(self.caps, total)
         micro = min(self.micro, int(total))
@@ -331,7 +332,7 @@ class Balancer:
             plan = plan_step(int(total), fixed, per, caps, strategy=self.strategy, **args)
         else:
             une = plan_step(int(total), fixed, per, caps, strategy="unequal", **args)
-            if self.strategy == "unequal" and step_floor(total, fixed, per) * (1 - 1e-9) >= 0.95 * une.predicted:
+            if self.strategy == "unequal" and floor * (1 - 1e-9) >= 0.95 * une.predicted:
                 plan = une  # accumulation cannot beat it by 5%: no need to solve it (step_floor)
             else:
                 acc = plan_step(int(total), fixed, per, caps, strategy="accumulate", **args)

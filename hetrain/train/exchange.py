@@ -1,7 +1,7 @@
 """How the balancer's workers exchange one float64 row each per re-balance (their
 step-time fits and step metrics): an all-gather of its own over the worker group, or,
-where the optimizer's all-reduce can carry them, a trailer on its next step's smallest
-bucket (comm/cargo.py), which saves the collective. Rows, never pickles."""
+where the optimizer's all-reduce can carry them, a trailer on a bucket of its next step
+(comm/cargo.py), which saves the collective. Rows, never pickles."""
 from __future__ import annotations
 
 from typing import Callable
@@ -43,36 +43,41 @@ def worker_gather(ctx, what: str) -> Gather:
     return gather
 
 
+class CarriedRows:
+    """The wait of an exchange whose rows ride a step's all-reduce (comm/cargo.py).
+    Calling it gives the rows; where the cargo has not ridden by then (no step ran in
+    between: the end of training, or a loop that wants them before its step ends) it is
+    dropped and the rows are gathered then. Whether it rode depends only on where each
+    worker's loop is, which is the same on every worker, so all of them gather or none."""
+
+    def __init__(self, cargo, row: np.ndarray, gather: Gather):
+        self.cargo, self.row, self.gather = cargo, row, gather
+
+    @property
+    def arrived(self) -> bool:
+        return self.cargo.rows is not None
+
+    def __call__(self) -> np.ndarray:
+        if not self.arrived:
+            self.cargo.drop()
+            return self.gather(self.row)()
+        return self.cargo.rows
+
+
 def exchange_rows(row: np.ndarray, gather: Gather, carry: Callable | None) -> Callable[[], np.ndarray]:
-    """Start exchanging `row`; the returned wait gives every worker's (workers x len(row)).
-
-    The rows ride the next step's all-reduce where `carry(row)` takes them. A cargo that
-    has not ridden when its rows are wanted (no step ran in between: the end of training,
-    or a loop that wants them before its step ends) is dropped and the rows gathered
-    then. Whether it rode depends only on where each worker's loop is, which is the same
-    on every worker, so all of them gather or none."""
+    """Start exchanging `row`; the returned wait gives every worker's (workers x len(row)):
+    riding the next step's all-reduce where `carry(row)` takes them (`CarriedRows`), else
+    `gather`'s collective."""
     cargo = carry(row) if carry is not None else None
-    if cargo is None:
-        return gather(row)
-
-    def wait() -> np.ndarray:
-        if cargo.rows is None:
-            cargo.drop()
-            return gather(row)()
-        return cargo.rows
-
-    wait.cargo = cargo  # type: ignore[attr-defined]  (see `ready`)
-    return wait
+    return gather(row) if cargo is None else CarriedRows(cargo, row, gather)
 
 
 def ready(wait: Callable[[], np.ndarray]) -> bool:
     """Whether `wait()` can give the rows without its cargo's step: a carried exchange
     waits for the step it rides, so it must not be completed from inside that step."""
-    cargo = getattr(wait, "cargo", None)
-    return cargo is None or cargo.rows is not None
+    return not isinstance(wait, CarriedRows) or wait.arrived
 
 
 def carried(wait: Callable[[], np.ndarray]) -> bool:
     """Whether `wait()` gives rows that rode a step's all-reduce (not a gather)."""
-    cargo = getattr(wait, "cargo", None)
-    return cargo is not None and cargo.rows is not None
+    return isinstance(wait, CarriedRows) and wait.arrived
