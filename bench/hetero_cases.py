@@ -10,7 +10,8 @@ Per model (MLP, CNN, small transformer; 2 workers, a core each):
             "tail" (unequal, with TAIL of every step claimed while it runs, in about
             TAIL_CHUNKS chunks per worker: hetrain.train.tail; `arrival_skew_ms` is
             the mean gap between the workers' ends of backward, `later_worker_wait_ms`
-            what a step waits for its slower worker's compute, `behind_ideal_step_ms`
+            what a step waits for its slower worker's compute, `step_noise` its
+            compute's robust relative sd step to step, `behind_ideal_step_ms`
             how far its step is from the ideal one), and "ddp-static":
             PyTorch DDP given the best fixed shares for the speeds measured before
             the repeat (an oracle: what balancing reaches with DDP's own exchange
@@ -53,7 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_noise import noise_penalty
+from hetero_noise import noise_penalty, step_noise
 from hetrain.demo.digits import load_digits_split
 from hetrain.train.sampler import GlobalBatchSampler
 
@@ -304,6 +305,7 @@ def summarize(res_even: dict, res_uneven: dict, gb: int, skip: int) -> dict:
                                "arrival_skew_ms": float(np.mean([_skew(r, skip) for r in runs]) * 1e3),
                                "later_worker_wait_ms": float(np.median([_later_wait(r, skip) for r in runs]) * 1e3),
                                "behind_ideal_step_ms": float(np.median(behind) * 1e3),
+                               "step_noise": float(np.median([step_noise(_steps(r, skip)) for r in runs])),
                                # the loader's own exchange (fits all-gather, re-plan) per step, this rank's
                                "exchange_ms_per_step": float(np.median([r.get("loader_exchange_s", 0.0)
                                                                         / len(r["times"]) for r in runs]) * 1e3),
@@ -437,7 +439,7 @@ def table(r: dict) -> list[str]:
         if b and "later_worker_wait_ms" in b:
             lines.append(f"{m} unequal: step {b['behind_ideal_step_ms']:.1f} ms behind the ideal step, of which "
                          f"{b['later_worker_wait_ms']:.1f} ms waiting for the later worker's forward+backward "
-                         "(step-to-step noise; medians over repeats)")
+                         f"(step-to-step noise, {100 * b.get('step_noise', float('nan')):.0f}% sd; medians over repeats)")
         nb = r.get(m, {}).get("uneven", {}).get("noise_bound")
         if nb:
             lines.append(f"{m}: the best fixed split, replayed on hetrain's unequal steps with each worker's measured "

@@ -44,3 +44,19 @@ def noise_penalty(phases: np.ndarray, fixed, slope) -> float | None:
     noise = noise / noise.mean(axis=1, keepdims=True)  # noise only: the fits keep each worker's level
     batch = n.sum(axis=0)
     return _best_split_step(fixed, slope, batch, noise) - _best_split_step(fixed, slope, batch, np.ones_like(noise))
+
+
+def step_noise(phases: np.ndarray) -> float:
+    """The step-to-step noise of a run's compute: per worker, forward+backward over its
+    median at the same batch size (an epoch's last batch is smaller), as a robust
+    relative standard deviation (1.4826 x the median absolute deviation); the largest
+    over the workers. `phases` as for `noise_penalty`."""
+    n, fb = phases[:, :, 5], phases[:, :, 1] + phases[:, :, 2]
+    out = []
+    for w in range(n.shape[0]):
+        keep = n[w] > 0
+        if keep.sum() < 3:
+            continue
+        r = fb[w][keep] / np.array([np.median(fb[w][keep][n[w][keep] == v]) for v in n[w][keep]])
+        out.append(1.4826 * float(np.median(np.abs(r - np.median(r)))))
+    return max(out, default=float("nan"))

@@ -141,7 +141,7 @@ def worker(a) -> int:
 
     import hetrain
     from hetrain.runtime.memory import describe_device, synchronize
-    from hetrain.perf.steptime import StepTimeModel
+    from hetrain.perf.stepfit import StepTimeModel
 
     ctx = hetrain.init()
     rank, n = hetrain.rank(), hetrain.size()

@@ -7,8 +7,8 @@ step times and applies the shares it solves; a planner can feed it profiled numb
 
 Interface
 ---------
-- `StepTimeModel`: one worker's compute time per step as ``fixed + per_sample * b``,
-  fitted online (`add(samples, seconds)`, `fit() -> (fixed, per_sample)`).
+- `StepTimeModel` (`hetrain.perf.stepfit`): one worker's compute time per step as
+  ``fixed + per_sample * b``, fitted online (`add(samples, seconds)`, `fit()`).
 - `solve_shares(global_batch, fixed, per_sample, caps, min_samples)`: integer shares
   summing to the global batch that minimise the largest predicted step time (exact).
 - `balanced_sizes(global_batch, speeds, caps)`: shares proportional to samples/s.
@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
@@ -42,83 +40,6 @@ SmallShare = Union[float, Sequence[float], None]  # one fraction for every worke
 
 class BatchDoesNotFitError(UserError):
     """The global batch needs more memory than the workers have together."""
-
-
-# ---- the step-time model ----------------------------------------------------------------
-
-def theil_sen(x, y) -> tuple[float, float]:
-    """Theil–Sen line (slope: median of pairwise slopes over pairs with distinct x;
-    intercept: median(y) − slope·median(x)), as `scipy.stats.theilslopes` computes it.
-    Written out in plain Python floats: it runs at every re-balance inside training on a
-    few dozen points, where scipy's also computes confidence intervals and numpy's
-    per-call cost dominates."""
-    x, y = list(x), list(y)
-    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
-    if not slopes:
-        return float("nan"), float("nan")
-    slope = statistics.median(slopes)
-    return slope, statistics.median(y) - slope * statistics.median(x)
-
-
-class StepTimeModel:
-    """One worker's compute time per step as `fixed + per_sample · b`, fitted online.
-
-    - The shape (fixed to per-sample time) comes from a Theil–Sen regression (median of
-      pairwise slopes, `scipy.stats.theilslopes`) over the last `window` steps (it
-      tolerates ~29% outliers), refitted only when the window's batch sizes are spread
-      enough to identify a slope (max − min ≥ max(2, 20% of the median)); otherwise the
-      last identified line is held (settled shares leave one batch size). Before any,
-      the fixed part is 0; a slope ≤ 0 (a GPU far from busy) reads as 90% fixed time.
-    - The level follows the last `recent` steps: both parts are scaled by the median of
-      measured / predicted time over them. So the model passes through the current
-      operating point (shares that equalise predicted times equalise measured ones,
-      whatever error the shape has), one disturbed step does not move it, and a change
-      of speed is followed within `recent`/2 + 1 steps without overshoot."""
-
-    def __init__(self, window: int = 16, recent: int = 5, min_spread: float = 0.2):
-        self.obs: deque[tuple[int, float]] = deque(maxlen=window)
-        self.recent = recent
-        self.min_spread = min_spread
-        self.line: tuple[float, float] | None = None  # last identified (fixed s, per-sample s)
-        self.how = "none"  # none | proportional | regression | held
-        self.noise = 0.0  # step-to-step noise of measured / fitted time (relative; robust, see fit)
-
-    def add(self, samples: int, seconds: float) -> None:
-        if samples > 0 and np.isfinite(seconds) and seconds > 0:
-            self.obs.append((int(samples), float(seconds)))
-
-    def _identifiable(self, b: list[int]) -> bool:
-        return len(b) >= 3 and (max(b) - min(b)) >= max(2.0, self.min_spread * statistics.median(b))
-
-    def fit(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per sample); (nan, nan) before any observation. Plain
-        Python floats (a window of a few dozen numbers, every re-balance, inside training)."""
-        if not self.obs:
-            self.how = "none"
-            return float("nan"), float("nan")
-        b, t = [o[0] for o in self.obs], [o[1] for o in self.obs]
-        if self._identifiable(b):
-            slope, intercept = theil_sen(b, t)
-            med_t, med_b = statistics.median(t), statistics.median(b)
-            if math.isfinite(slope) and slope > 0 and math.isfinite(intercept):
-                self.line = (max(0.0, float(intercept)), float(slope))
-            elif math.isfinite(slope):  # flat (or noise sloping down): mostly fixed time
-                self.line = (0.9 * med_t, 0.1 * med_t / med_b)
-            self.how = "regression"
-        else:
-            self.how = "held" if self.line is not None else "proportional"
-        rb, rt = b[-self.recent:], t[-self.recent:]
-        fixed, per = self.line if self.line is not None else (0.0, statistics.median(y / x for x, y in zip(rb, rt)))
-        pred = [fixed + per * x for x in rb]
-        scale = statistics.median(y / q for y, q in zip(rt, pred)) if all(q > 0 for q in pred) else 1.0
-        if not (math.isfinite(scale) and scale > 0):
-            scale = 1.0
-        # noise: from successive differences of measured / fitted over the window (a change
-        # of speed moves one difference, not their median): 1.4826 · median |Δr| / √2
-        r = [y / (fixed + per * x) for x, y in zip(b, t) if fixed + per * x > 0]
-        d = [abs(q - p) for p, q in zip(r, r[1:])]
-        self.noise = 1.0484 * statistics.median(d) / statistics.median(r) if len(d) >= 2 else 0.0
-        return fixed * scale, max(per * scale, 1e-12)
 
 
 # ---- the share solver ---------------------------------------------------------------------

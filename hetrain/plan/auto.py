@@ -19,7 +19,7 @@ import numpy as np
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
 from ..perf.job import COMM_MODES, Candidate, Fitted, JobCluster, JobModel, JobWorker, fit, predict
-from ..perf.steptime import StepTimeModel
+from ..perf.stepfit import StepTimeModel
 from .job import DEFAULT_FITTED, job_cluster
 
 SKIP = 2  # first profiled steps left out of the fits (start-up, shares still equal)

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..perf.steptime import SMALL_SHARE, StepPlan, StepTimeModel, plan_step, plan_time, predicted_times, step_floor
+from ..perf.stepfit import StepTimeModel
+from ..perf.steptime import SMALL_SHARE, StepPlan, plan_step, plan_time, predicted_times, step_floor
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
@@ -175,7 +176,7 @@ class Balancer:
         self.caps = np.minimum(mem_caps, self.global_batch)
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
-        self.noise = np.zeros(self.n)  # agreed step-to-step noise of each worker's time (relative)
+        self.level_error = np.zeros(self.n)  # agreed standard error of each worker's fitted level (relative)
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -358,12 +359,13 @@ class Balancer:
     def hold(self) -> float:
         """How much faster a new split must be predicted: `BalanceConfig.hold`, or, where
         the fits are noisier, `hold_noise` standard errors of the noisiest worker's level
-        (its step-to-step noise, `StepTimeModel.noise`, over the `recent` steps the level
-        is the median of): a split re-solved on noise alone is no faster, and each new one
-        is a new input shape; a real change of speed moves the prediction far more."""
+        (`StepTimeModel.level_error`: its step-to-step noise over the steps its level is
+        the median of, up to the window while its speed holds): a split re-solved on
+        noise alone is no faster, and each new one is a new input shape; a real change of
+        speed moves the prediction far more."""
         if self.cfg.hold <= 0:
             return 0.0
-        return max(self.cfg.hold, self.cfg.hold_noise * 1.2533 * float(np.max(self.noise)) / math.sqrt(self.cfg.recent))
+        return max(self.cfg.hold, self.cfg.hold_noise * float(np.max(self.level_error)))
 
     def _small_share(self) -> list[float]:
         """Each worker's small-share threshold: `small_share`, or `rejoin` times it for a
@@ -394,7 +396,7 @@ class Balancer:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        row = np.array([fixed, per, self.model.noise, *extra], dtype=np.float64)
+        row = np.array([fixed, per, self.model.level_error, *extra], dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -449,7 +451,7 @@ class Balancer:
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
         self.rows, self.rows_step = rows[:, 3:], step
-        self.noise = np.nan_to_num(rows[:, 2])
+        self.level_error = np.nan_to_num(rows[:, 2])
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

@@ -81,3 +81,40 @@ def ready(wait: Callable[[], np.ndarray]) -> bool:
 def carried(wait: Callable[[], np.ndarray]) -> bool:
     """Whether `wait()` gives rows that rode a step's all-reduce (not a gather)."""
     return isinstance(wait, CarriedRows) and wait.arrived
+
+
+class InProcessExchange:
+    """Several simulated workers' exchanges in one process, in lockstep (a simulator's or
+    a test's: real `Balancer`s of every worker driven step by step, without processes).
+
+    Worker `rank`'s k-th row goes into slot k; the k-th wait returns every worker's row
+    of that slot. Every worker must start an exchange before any waits for it, as
+    balancers with `overlap_exchange` do when each updates once per step in turn. The
+    first exchange (devices and memory) is answered at once with the caller's row for
+    every worker: the simulated workers are alike."""
+
+    def __init__(self, num_workers: int):
+        self.n = num_workers
+        self.slots: dict[int, list] = {}
+
+    def gather_for(self, rank: int) -> Gather:
+        calls = [0]
+
+        def gather(row: np.ndarray) -> Callable[[], np.ndarray]:
+            k = calls[0]
+            calls[0] += 1
+            row = np.asarray(row, dtype=np.float64)
+            if k == 0:
+                return lambda: np.vstack([row] * self.n)
+            slot = self.slots.setdefault(k, [None] * self.n)
+            slot[rank] = row
+
+            def wait() -> np.ndarray:
+                missing = [r for r, v in enumerate(slot) if v is None]
+                if missing:
+                    raise RuntimeError(f"simulated worker {rank} waited for exchange {k}, which worker(s) "
+                                       f"{missing} had not started: update every worker once per step, in turn")
+                self.slots.pop(k - 2, None)  # older slots are done with
+                return np.vstack(slot)
+            return wait
+        return gather

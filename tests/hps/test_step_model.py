@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from hetrain.perf.steptime import BatchDoesNotFitError, StepTimeModel, predicted_times, solve_shares, spread
+from hetrain.perf.stepfit import StepTimeModel
+from hetrain.perf.steptime import BatchDoesNotFitError, predicted_times, solve_shares, spread
 from hetrain.train.balance import BalanceConfig, Balancer, DeviceMemoryTooSmallError, memory_caps
 
 
@@ -270,3 +271,70 @@ def test_an_epochs_last_batch_is_planned_once_per_fit():
     b.update()  # new fits: planned afresh
     again = b.plan_for(37)
     assert again is not first and again.sizes.sum() == 37
+
+
+def test_level_spans_the_steps_since_the_speed_last_changed():
+    """While the speed holds, the level is the median of the whole window, so its error
+    shrinks with it; a change cuts it back to the steps after the change, and the
+    regression never mixes the two speeds."""
+    rng = np.random.default_rng(7)
+    m = StepTimeModel(window=16, recent=5)
+    sizes = [300, 340, 380] * 8
+    for k, b in enumerate(sizes[:16]):
+        m.add(b, (1e-3 + 1e-4 * b) * (1 + 0.05 * rng.standard_normal()))
+        m.fit()
+    assert m.span == 16 and m.level_error == pytest.approx(1.2533 * m.noise / 4)
+    fixed, per = m.fit()
+    assert fixed == pytest.approx(1e-3, abs=3e-3) and per == pytest.approx(1e-4, rel=0.15)
+    for b in [340] * 4:  # 4x slower from here, at one batch size
+        m.add(b, 4 * (1e-3 + 1e-4 * b) * (1 + 0.05 * rng.standard_normal()))
+        m.fit()
+    fixed, per = m.fit()
+    assert m.span == 5 and m.since <= 5
+    assert fixed + per * 340 == pytest.approx(4 * (1e-3 + 1e-4 * 340), rel=0.1)  # the new level
+    for b in [170, 150, 190, 170, 160, 180]:  # the new shares vary: the new speed's own shape
+        m.add(b, 4 * (1e-3 + 1e-4 * b) * (1 + 0.05 * rng.standard_normal()))
+        fixed, per = m.fit()
+        assert 0 <= fixed < 0.05 and per > 2e-4, (fixed, per)  # never a line through both speeds
+    assert per == pytest.approx(4e-4, rel=0.25)
+
+
+def test_a_worker_turning_4x_slower_keeps_its_share_of_the_step():
+    """Two real balancers in lockstep (one process): worker 0 turns 4x slower while the
+    shares are settled. Its share follows to the new best (a third here) within a few
+    steps, and is never zero: a regression over both speeds once read it as 0.14 s of
+    fixed time a pass, too slow to help, and a worker that sits out is never measured
+    again."""
+    from hetrain.train.exchange import InProcessExchange
+
+    fixed, per = np.array([1e-3, 0.7e-3]), np.array([0.109e-3, 0.216e-3])
+    ex = InProcessExchange(2)
+    bal = [Balancer(None, 512, BalanceConfig(), gather=ex.gather_for(r), num_workers=2) for r in range(2)]
+    rng = np.random.default_rng(3)
+    seen = []
+    for step in range(100):
+        sizes = bal[0].sizes.copy()
+        slow = per * np.array([4.0 if step >= 50 else 1.0, 1.0])
+        times = (fixed + slow * sizes) * (1 + 0.03 * rng.standard_normal(2))
+        for r, b in enumerate(bal):
+            b.record(int(sizes[r]), float(times[r]))
+        for b in bal:
+            b.update()
+        assert bal[0].sizes.tolist() == bal[1].sizes.tolist()
+        seen.append(int(sizes[0]))
+    assert abs(seen[49] - 341) <= 12, seen[40:50]  # settled at the first speeds
+    assert min(seen[50:]) > 120 and all(abs(s - 169) <= 12 for s in seen[62:]), seen[50:]
+
+
+def test_in_process_exchange_says_who_has_not_started():
+    from hetrain.train.exchange import InProcessExchange
+
+    ex = InProcessExchange(2)
+    g0, g1 = ex.gather_for(0), ex.gather_for(1)
+    assert g0(np.ones(2))().shape == (2, 2)  # the first (devices) is answered at once
+    g1(np.ones(2))
+    wait = g0(np.array([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match=r"worker\(s\) \[1\] had not started"):
+        wait()
+    g1(np.array([3.0, 4.0]))
+    assert wait().tolist() == [[1.0, 2.0], [3.0, 4.0]]

@@ -347,11 +347,11 @@ def test_no_split_beats_the_step_floor_so_the_balancer_may_skip_a_strategy():
 
 def test_shares_ride_out_step_noise_and_follow_a_real_change():
     """StepTimeModel.noise reads the step-to-step noise of a worker's time (8% here) and
-    is not fooled by a change of speed. With fits that move by that noise the balancer
-    keeps its split (BalanceConfig.hold_noise standard errors of the level), where the
-    fixed 1% hold alone re-split on most exchanges; a worker turning 2x slower is
-    followed at once either way."""
-    from hetrain.perf.steptime import StepTimeModel
+    is not fooled by a change of speed, which shortens its level to the steps after it.
+    With fits that move by that noise the balancer keeps its split (BalanceConfig.
+    hold_noise standard errors of the level), where the fixed 1% hold alone re-split on
+    most exchanges; a worker turning 2x slower is followed at once either way."""
+    from hetrain.perf.stepfit import StepTimeModel
 
     rng = np.random.default_rng(5)
     m = StepTimeModel()
@@ -359,7 +359,9 @@ def test_shares_ride_out_step_noise_and_follow_a_real_change():
         m.add(500, 0.5 * (1 + 0.08 * rng.standard_normal()) * (2.0 if k >= 12 else 1.0))
     m.fit()
     assert 0.04 < m.noise < 0.14, m.noise
-    wobble = [[0.0, 1e-3 * (1 + 0.04 * rng.standard_normal()), 0.08] for _ in range(12)] + [[0.0, 2e-3, 0.08]] * 3
+    assert m.span == 5 and m.level_error == pytest.approx(1.2533 * m.noise / 5 ** 0.5)  # the change cut the level
+    err = 1.2533 * 0.08 / 5 ** 0.5  # the other worker's level: the median of 5 steps with 8% noise
+    wobble = [[0.0, 1e-3 * (1 + 0.04 * rng.standard_normal()), err] for _ in range(12)] + [[0.0, 2e-3, err]] * 3
 
     def sizes(**cfg):
         b = Balancer(None, 1000, BalanceConfig(overlap_exchange=False, every=1, **cfg),
