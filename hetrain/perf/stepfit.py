@@ -57,8 +57,8 @@ class StepTimeModel:
       Or every one of them lies beyond every earlier one (a change the noise estimate,
       inflated by it, would hide). The history is cut to the steps that moved that median
       (⌈recent/2⌉): the level follows within `recent`/2 + 1 steps without overshoot, and
-      the shape is held until `recent` steps of the new speed can give their own (a
-      regression over both speeds fits neither).
+      the shape is held until steps of the new speed identify their own (a regression
+      over both speeds fits neither).
     - `noise`: the step-to-step noise of measured / fitted time, from successive
       differences (a change of speed moves one difference, not their median), and
       `level_error`, the relative standard error of the level it gives."""
@@ -130,11 +130,11 @@ class StepTimeModel:
         if self._changed(r):
             self.since = -(-self.recent // 2)
         before = self.line
-        if self.since >= min(self.recent, len(b)):
+        if self.since >= min(3, len(b)):  # the steps since the change identify their own shape
             self._shape(b[-self.since:], t[-self.since:])
         elif self.line is None:  # a change before any shape: the whole window's is the best guess
             self._shape(b, t)
-        else:  # fewer steps of a new speed than `recent`: the held shape, at the new level
+        else:  # too few steps of a new speed: the held shape, at the new level
             self.how = "held"
         if self.line != before:
             r = self._ratios(b, t)

@@ -221,3 +221,26 @@ class SavedTensorCounter:
     def __exit__(self, *exc) -> None:
         self._hooks.__exit__(*exc)
         self._seen.clear()  # keep no references to the step's tensors
+
+
+def estimate_memory_per_sample(model: torch.nn.Module, example) -> float:
+    """Bytes of activations one sample produces in a forward pass (×2: their gradients),
+    measured with forward hooks on the leaf modules for a batch of one."""
+    total = [0]
+
+    def hook(_m, _inp, out):
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                total[0] += o.numel() * o.element_size()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    inputs = example if isinstance(example, (tuple, list)) else (example,)
+    inputs = tuple(x[:1] for x in inputs)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return 2.0 * (total[0] + sum(x.numel() * x.element_size() for x in inputs))

@@ -37,6 +37,7 @@ from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 from .exchange import Gather, carried, exchange_rows, ready, worker_gather
+from .probe import Probe, probe_sizes
 
 
 class DeviceMemoryTooSmallError(UserError):
@@ -67,6 +68,10 @@ class BalanceConfig:
     # edge would otherwise join and leave on alternate re-balances, paying its exchange in
     # every step it is in for a sliver of samples
     rejoin: float = 2.0
+    # a worker sitting out trains again for ceil(recent/2) steps after this many, to be
+    # measured (its fit stands still while it is out), the wait doubling each time it
+    # stays out (train/probe.py; 0: never)
+    probe_every: int = 64
     # a new split replaces the current one only where it is predicted faster by more than
     # this fraction of the step: each new local batch size is a new input shape, which
     # kernels built per shape pay for again on first sight (oneDNN convolutions on a CPU,
@@ -102,6 +107,8 @@ class BalanceConfig:
         if not 0.0 <= self.small_share < 1.0:
             raise UserError("small_share must be a fraction of an equal share in [0, 1) (0: off), "
                             f"got {self.small_share}")
+        if self.probe_every < 0:
+            raise UserError(f"probe_every must be >= 0 steps (0: never), got {self.probe_every}")
         if not self.rejoin >= 1.0:
             raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
         if not 0.0 <= self.hold < 1.0:
@@ -191,6 +198,7 @@ class Balancer:
         self.every_worker = False  # every worker keeps a share (see require_every_worker)
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
+        self.probe = Probe(self.cfg.probe_every, -(-self.cfg.recent // 2))  # when a worker sitting out trains
         self.plan: StepPlan | None = None  # the full batch's current plan (none while the first is made)
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes
@@ -288,14 +296,7 @@ class Balancer:
         step cost a few hundred microseconds of it on a busy core)."""
         if int(total) != self.global_batch and int(total) in self._partial:
             return self._partial[int(total)]  # an epoch's last batch, planned with these fits already
-        fits = self.fits.tolist()  # plain floats until a solve (numpy's per-call cost, in the step)
-        known = [f for f in fits if math.isfinite(f[1])]
-        measured = self.cfg.policy != "equal" and bool(known)
-        if measured:  # a worker not measured yet counts as the measured ones' mean
-            fill = [sum(f[0] for f in known) / len(known), sum(f[1] for f in known) / len(known)]
-            fixed, per = ([(f if math.isfinite(f[1]) else fill)[k] for f in fits] for k in (0, 1))
-        else:
-            fixed, per = [0.0] * self.n, [1.0] * self.n
+        fixed, per, measured = self._fixed_per()
         current = self.plan if int(total) == self.global_batch else self._last_partial.get(int(total))
         floor = step_floor(total, fixed, per) if measured else float("nan")  # no split is predicted faster
         if measured and self._near_floor(current, floor, fixed, per):
@@ -305,6 +306,32 @@ class Balancer:
         if int(total) != self.global_batch:
             self._partial[int(total)] = self._last_partial[int(total)] = plan
         return plan
+
+    def _fixed_per(self) -> tuple[list[float], list[float], bool]:
+        """The agreed fits as plain floats (numpy's per-call cost, in the step), a worker
+        not measured yet counted as the measured ones' mean; and whether any is measured."""
+        fits = self.fits.tolist()
+        known = [f for f in fits if math.isfinite(f[1])]
+        if self.cfg.policy == "equal" or not known:
+            return [0.0] * self.n, [1.0] * self.n, False
+        fill = [sum(f[0] for f in known) / len(known), sum(f[1] for f in known) / len(known)]
+        fixed, per = ([(f if math.isfinite(f[1]) else fill)[k] for f in fits] for k in (0, 1))
+        return fixed, per, True
+
+    def step_plan(self) -> StepPlan:
+        """The split of the next full-batch step (call once a step, every worker): `plan`,
+        or, on a probe step (`train/probe.py`), the same with every worker sitting out
+        given the share it would rejoin at (unequal batches; an accumulating plan's
+        workers out stay out)."""
+        plan = self.plan
+        out = (plan.sizes == 0) & (self.caps > 0)
+        k = self.probe.due(self.step, bool(out.any())) if self.lockstep and plan.strategy == "unequal" else None
+        if k is None:
+            return plan
+        share = self.cfg.rejoin * max(self.cfg.small_share, 0.05) * self.global_batch / self.n
+        sizes = np.minimum(probe_sizes(plan.sizes, out, int(round(share)), k), self.caps)
+        sizes[np.argmax(sizes)] += self.global_batch - int(sizes.sum())
+        return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), plan.predicted)
 
     def _near_floor(self, current: StepPlan | None, floor: float, fixed: list[float], per: list[float]) -> bool:
         """The split in use stays without a solve: predicted within `hold` of the floor no
@@ -463,26 +490,3 @@ class Balancer:
         """Predicted compute seconds per worker for `sizes` (default: this step's)."""
         sizes = self.sizes if sizes is None else sizes
         return predicted_times(sizes, self.fits[:, 0], self.fits[:, 1])
-
-
-def estimate_memory_per_sample(model: torch.nn.Module, example) -> float:
-    """Bytes of activations one sample produces in a forward pass (×2: their gradients),
-    measured with forward hooks on the leaf modules for a batch of one."""
-    total = [0]
-
-    def hook(_m, _inp, out):
-        for o in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(o, torch.Tensor):
-                total[0] += o.numel() * o.element_size()
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    inputs = example if isinstance(example, (tuple, list)) else (example,)
-    inputs = tuple(x[:1] for x in inputs)
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return 2.0 * (total[0] + sum(x.numel() * x.element_size() for x in inputs))

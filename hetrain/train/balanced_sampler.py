@@ -275,7 +275,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                 self._end()
                 pos.step = s  # the step before is over
             batch = order[off + s * gb: off + (s + 1) * gb]
-            plan = self.balancer.plan if len(batch) == gb else self.balancer.plan_for(len(batch))
+            plan = self.balancer.step_plan() if len(batch) == gb else self.balancer.plan_for(len(batch))
             self.micro = plan.micro if plan.strategy == "accumulate" else 0
             sizes, passes = plan.sizes, 0
             if self.claims is not None:  # the end of the batch is claimed while the step runs

@@ -40,7 +40,8 @@ from torch.utils._pytree import tree_map
 from ..errors import UserError
 from ..perf.steptime import median_spread
 from ..runtime.memory import engine_device_bytes, memory_limit
-from .balance import BalanceConfig, Balancer, estimate_memory_per_sample
+from ..runtime.memory import estimate_memory_per_sample
+from .balance import BalanceConfig, Balancer
 from .balanced_sampler import BalancedBatchSampler, WorkerGroup, _job_device
 
 __all__ = ["BalancedLoader", "BalancedBatchSampler", "WorkerGroup"]

@@ -377,3 +377,46 @@ def test_shares_ride_out_step_noise_and_follow_a_real_change():
     assert noisy[-1] > 600 and fixed[-1] > 600  # the other worker at half speed: about 667 of 1000 here
     with pytest.raises(UserError, match="hold_noise"):
         BalanceConfig(hold_noise=-1.0)
+
+
+def test_probe_steps_double_their_wait_and_reset_when_everyone_is_in():
+    from hetrain.train.probe import Probe, probe_sizes
+
+    p = Probe(every=4, steps=2)
+    due = [(s, k) for s in range(40) if (k := p.due(s, someone_out=True)) is not None]
+    assert due == [(4, 0), (5, 1), (14, 0), (15, 1), (32, 0), (33, 1)]  # waits of 4, 8, 16 steps
+    assert p.due(40, someone_out=False) is None and p.gap == 4 and p.at is None
+    assert [s for s in range(41, 50) if p.due(s, someone_out=True) is not None] == [45, 46]
+    assert all(Probe(every=0, steps=2).due(s, True) is None for s in range(100))
+    sizes = probe_sizes(np.array([300, 0, 100]), np.array([False, True, False]), 40, 1)
+    assert sizes.tolist() == [255, 60, 85] and sizes.sum() == 400  # 1.5 x 40, from the others by share
+
+
+def test_a_worker_that_sat_out_is_measured_again_and_rejoins_once_it_recovers():
+    """Worker 1 stalls (200 ms more a pass) and sits out: a worker that trains on no sample
+    records no time, so only a probe (a few steps with every worker in, after a wait that
+    doubles while it stays out) can see it recover. Two real balancers in lockstep."""
+    from hetrain.train.exchange import InProcessExchange
+
+    fixed, per = np.array([1e-3, 1e-3]), np.array([0.1e-3, 0.2e-3])
+    cfg = BalanceConfig(probe_every=20)
+    ex = InProcessExchange(2)
+    bal = [Balancer(None, 300, cfg, gather=ex.gather_for(r), num_workers=2) for r in range(2)]
+    rng = np.random.default_rng(11)
+    shares = []
+    for step in range(140):
+        plans = [b.step_plan() for b in bal]
+        sizes = plans[0].sizes
+        assert sizes.tolist() == plans[1].sizes.tolist()
+        stall = np.array([0.0, 0.2 if 10 <= step < 60 else 0.0])
+        times = (fixed + stall + per * sizes) * (1 + 0.02 * rng.standard_normal(2))
+        for r, b in enumerate(bal):
+            b.record(int(sizes[r]), float(times[r]))
+        for b in bal:
+            b.update()
+        shares.append(int(sizes[1]))
+    out = [s for s in range(10, 60) if shares[s] == 0]
+    assert out and out[0] < 20, shares[:60]  # it left during the stall
+    probed = [s for s in range(out[0], 60) if shares[s] > 0]
+    assert 1 <= len(probed) <= 3, shares[:60]  # one probe while it stalled, then a doubled wait
+    assert all(abs(s - 100) <= 10 for s in shares[125:]), shares[60:]  # back, at its best share (1/3)
