@@ -328,8 +328,12 @@ class Balancer:
         k = self.probe.due(self.step, bool(out.any())) if self.lockstep and plan.strategy == "unequal" else None
         if k is None:
             return plan
-        share = self.cfg.rejoin * max(self.cfg.small_share, 0.05) * self.global_batch / self.n
-        sizes = np.minimum(probe_sizes(plan.sizes, out, int(round(share)), k), self.caps)
+        # the share it would rejoin at, or less where its per-sample fit alone would make
+        # the probe step more than twice the planned one (a CPU beside GPUs), at least 2
+        rejoin = self.cfg.rejoin * max(self.cfg.small_share, 0.05) * self.global_batch / self.n
+        per = np.where(np.isfinite(self.fits[:, 1]) & (self.fits[:, 1] > 0), self.fits[:, 1], np.inf)
+        share = np.clip(2 * plan.predicted / per, 2, rejoin) if np.isfinite(plan.predicted) else rejoin
+        sizes = np.minimum(probe_sizes(plan.sizes, out, share, k), self.caps)
         sizes[np.argmax(sizes)] += self.global_batch - int(sizes.sum())
         return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), plan.predicted)
 

@@ -53,13 +53,15 @@ class Probe:
 SIZES = (1.0, 1.5, 0.5)  # a probe's steps measure these multiples of the probe share, in turn
 
 
-def probe_sizes(sizes: np.ndarray, out: np.ndarray, share: int, k: int) -> np.ndarray:
-    """`sizes` with every worker in `out` given `share` x SIZES[k % 3] samples (at least
-    one), taken from the others in proportion to their shares. Three sizes, so the
-    worker's own steps identify its fixed and per-sample parts afresh: the shape fitted
-    before (a stall is all fixed time, say) says nothing of its speed now."""
+def probe_sizes(sizes: np.ndarray, out: np.ndarray, share, k: int) -> np.ndarray:
+    """`sizes` with every worker in `out` given its `share` (one for all, or one each) x
+    SIZES[k % 3] samples (at least one), taken from the others in proportion to their
+    shares. Three sizes, so the worker's own steps identify its fixed and per-sample
+    parts afresh: the shape fitted before (a stall is all fixed time, say) says nothing
+    of its speed now."""
     sizes = np.asarray(sizes, dtype=np.int64).copy()
-    give = np.where(out, max(1, int(round(share * SIZES[k % len(SIZES)]))), 0)
+    mult = SIZES[k % len(SIZES)]
+    give = np.where(out, np.maximum(1, np.round(np.broadcast_to(share, sizes.shape) * mult)), 0).astype(np.int64)
     rest = int(sizes.sum())
     take = min(int(give.sum()), rest - int((~out).sum()))  # every other worker keeps a sample
     if take <= 0:

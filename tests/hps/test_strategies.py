@@ -420,3 +420,21 @@ def test_a_worker_that_sat_out_is_measured_again_and_rejoins_once_it_recovers():
     probed = [s for s in range(out[0], 60) if shares[s] > 0]
     assert 1 <= len(probed) <= 3, shares[:60]  # one probe while it stalled, then a doubled wait
     assert all(abs(s - 100) <= 10 for s in shares[125:]), shares[60:]  # back, at its best share (1/3)
+
+
+def test_a_probe_step_stays_within_about_twice_the_planned_step():
+    """A worker 50x slower a sample sits out (its best share is under small_share); its
+    probe shares are bounded by what its per-sample fit can do in twice the planned step
+    (4, 6 and 2 samples here), not the 10 it would rejoin at (15 samples: 0.75 s against
+    a 0.1 s step)."""
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1, probe_every=2),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.05]), num_workers=2)
+    b.record(50, 0.05)  # this worker: 1 ms a sample
+    b.update()
+    assert b.sizes.tolist() == [100, 0]
+    seen = []
+    for _ in range(6):
+        seen.append(b.step_plan().sizes.tolist())
+        b.record(int(b.sizes[0]), 1e-3 * int(b.sizes[0]))
+        b.update()
+    assert [s for s in seen if s[1] > 0] == [[96, 4], [94, 6], [98, 2]], seen
