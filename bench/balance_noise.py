@@ -41,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hetrain.perf.steptime import solve_shares, step_floor  # noqa: E402
 from hetrain.train.balance import Balancer, BalanceConfig  # noqa: E402
 from hetrain.train.exchange import InProcessExchange  # noqa: E402
 
@@ -82,9 +83,8 @@ def balancer_steps(cfg: BalanceConfig, noise: np.ndarray, slow_at: int | None = 
 
 
 def best_share(per0: float) -> int:
-    """Worker 0's share that finishes both workers together without noise."""
-    t = (BATCH + FIXED[0] / per0 + FIXED[1] / PER[1]) / (1 / per0 + 1 / PER[1])
-    return int(round((t - FIXED[0]) / per0))
+    """Worker 0's share of the exact min-max split without noise (perf.steptime)."""
+    return int(solve_shares(BATCH, FIXED, [per0, PER[1]], [BATCH, BATCH])[0])
 
 
 def follow(factors, sigma: float, seeds: int, at: int = 60, steps: int = 160) -> list[dict]:
@@ -120,8 +120,8 @@ def best_fixed(noise: np.ndarray) -> tuple[float, int]:
 
 
 def ideal_step() -> float:
-    """Both workers finishing together on the noiseless fits."""
-    return float((BATCH + np.sum(FIXED / PER)) / np.sum(1 / PER))
+    """Both workers finishing together on the noiseless fits: the floor no split beats."""
+    return step_floor(BATCH, FIXED, PER)
 
 
 def run(sigmas, rhos, seeds: int, steps: int) -> list[dict]:

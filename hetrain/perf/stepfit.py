@@ -110,9 +110,14 @@ class StepTimeModel:
         se = MEDIAN_SE * self.noise * base * math.sqrt(1 / len(short) + 1 / len(older))
         return abs(statistics.median(short) - base) > CHANGE_Z * se
 
+    def _line(self, b: list[int], t: list[float]) -> tuple[float, float]:
+        """The identified line, or before any, proportional: the recent median per sample."""
+        if self.line is not None:
+            return self.line
+        return 0.0, statistics.median(y / x for x, y in zip(b[-self.recent:], t[-self.recent:]))
+
     def _ratios(self, b: list[int], t: list[float]) -> list[float]:
-        fixed, per = self.line if self.line is not None else (
-            0.0, statistics.median(y / x for x, y in zip(b[-self.recent:], t[-self.recent:])))
+        fixed, per = self._line(b, t)
         return [y / (fixed + per * x) if fixed + per * x > 0 else 1.0 for x, y in zip(b, t)]
 
     def fit(self) -> tuple[float, float]:
@@ -138,9 +143,7 @@ class StepTimeModel:
             self.how = "held"
         if self.line != before:
             r = self._ratios(b, t)
-        fixed, per = self.line if self.line is not None else (0.0, 1.0)
-        if self.line is None:  # proportional: the ratios are to the median per-sample time
-            per = statistics.median(y / x for x, y in zip(b[-self.recent:], t[-self.recent:]))
+        fixed, per = self._line(b, t)
         self.span = min(len(r), max(self.since, self.recent))
         scale = statistics.median(r[-self.span:])
         if not (math.isfinite(scale) and scale > 0):

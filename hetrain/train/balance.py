@@ -334,7 +334,7 @@ class Balancer:
         per = np.where(np.isfinite(self.fits[:, 1]) & (self.fits[:, 1] > 0), self.fits[:, 1], np.inf)
         share = np.clip(2 * plan.predicted / per, 2, rejoin) if np.isfinite(plan.predicted) else rejoin
         sizes = np.minimum(probe_sizes(plan.sizes, out, share, k), self.caps)
-        sizes[np.argmax(sizes)] += self.global_batch - int(sizes.sum())
+        sizes[np.argmax(self.caps - sizes)] += self.global_batch - int(sizes.sum())  # what a cap cut
         return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), plan.predicted)
 
     def _near_floor(self, current: StepPlan | None, floor: float, fixed: list[float], per: list[float]) -> bool:
