@@ -480,7 +480,7 @@ class PushPull:
             self._cuda = cuda.Cuda(device, self.ctx.describe(self.ctx.rank))
         if self.transport.direct:
             return cuda.CudaDirect(layout, self._cuda)
-        nccl = (self.transport.members.nccl is not None if isinstance(self.transport, AllReduceTransport)
+        nccl = (self.transport.device_work if isinstance(self.transport, AllReduceTransport)
                 else self.ctx.backends.local.get(self.ctx.machine_name) == "nccl")
         if nccl:
             return cuda.CudaWorkDevice(layout, self._cuda, server_leg=isinstance(self.transport, HierarchicalTransport))

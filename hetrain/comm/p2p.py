@@ -101,13 +101,15 @@ ErrorFactory = Callable[[str, list[int], BaseException], BaseException]
 
 def wait(work, on_error: ErrorFactory | None, what: str, peers: Sequence[int] = ()) -> None:
     """Wait for one request; a broken connection or a timeout becomes `on_error(what,
-    peers, err)` (Context.peer_error names the lost rank), raised without the gloo trace."""
+    peers, err)` (Context.peer_error names the lost rank), raised without the gloo trace.
+    An error that names its lost ranks itself (`ranks`: the shared-memory transport's,
+    which watched them) is blamed on those."""
     try:
         work.wait()
     except RuntimeError as err:
         if on_error is None:
             raise
-        raise on_error(what, list(peers), err) from None
+        raise on_error(what, list(getattr(err, "ranks", None) or peers), err) from None
 
 
 def wait_all(works: Iterable, on_error: ErrorFactory | None, what: str, peers: Sequence[int] = ()) -> None:

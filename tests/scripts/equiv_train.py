@@ -5,7 +5,8 @@ with broadcast_parameters; --skip-sync: opt.synchronize(), then a (no-op) clip, 
 `with opt.skip_synchronize(): opt.step()`, and the engine counts one exchange per step.
 --cuda: the model and data on hetrain.device(); --sync-debug: backward runs under
 torch.cuda.set_sync_debug_mode("error"), so a host sync in a gradient hook fails the job;
---sgd: plain SGD (no momentum), as the parameter servers of async/stale modes run it."""
+--sgd: plain SGD (no momentum), as the parameter servers of async/stale modes run it;
+--show-collective: print the all-reduce transport's strategy (comm/transports/collective.py)."""
 import sys
 from pathlib import Path
 
@@ -68,6 +69,8 @@ for step in range(STEPS):
             opt.step()
     else:
         opt.step()
+if "--show-collective" in sys.argv:  # how the all-reduce transport moves buckets (shared memory or not)
+    print(f"rank {rank} collective {type(hetrain.engine().transport.collective).__name__}", flush=True)
 if skip_sync:
     print(f"exchanges {hetrain.engine().stats.steps} in {STEPS} steps", flush=True)
 out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from ..auth import new_secret
 from ..cores import describe as describe_cores
 from ..devices import one_host, preflight as gpu_preflight
 from ..env import round_prefix
+from ..shmnames import remove_job_segments
 from ..topology import Proc, Topology, build_topology
 from .config import LaunchConfig
 from .follower import Follower
@@ -91,6 +92,7 @@ class Launcher(Leader, Follower):
             if self.ratelimit_dir:
                 import shutil
                 shutil.rmtree(self.ratelimit_dir, ignore_errors=True)
+            remove_job_segments(self.job_id)  # shared memory a killed process could not unlink
             for s, h in old.items():
                 signal.signal(s, h)
 

@@ -1,0 +1,69 @@
+"""Whether a transport's members can use shared memory, and building their host group.
+
+Shared memory is used where every member runs on this host as the launcher lays the job
+out (runtime/shmnames.py `same_host`: the machines of one node, unless links between
+machines are emulated, where each machine stands for a host of its own) and the job has
+a secret (hetrain's launcher; plain torchrun has none, and keeps gloo). The decision
+depends on the topology alone, so every member takes the same one.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from ...errors import UserError
+from ...runtime.auth import load_secret
+from ...runtime.shmnames import SHM_DIR, same_host
+from .group import DEFAULT_CAPACITY, HostGroup
+
+MIN_CAPACITY = 1 << 20
+_MADE: defaultdict = defaultdict(itertools.count)  # per group name: engines built on it, in order
+
+
+def usable(ctx, members) -> bool:
+    """Every member on this host, two or more of them, a hetrain-launched job on Linux."""
+    env = getattr(ctx, "env", None)
+    return (members.size >= 2 and members.member and env is not None and env.origin == "hetrain"
+            and sys.platform.startswith("linux") and SHM_DIR.is_dir()
+            and same_host(ctx.topology, ctx.cluster, members.ranks))
+
+
+def _capacity(members) -> int:
+    """Bytes per member's segment: the default, less where /dev/shm is small (a container's
+    64 MiB default), the same on every member (their minimum, over gloo: control only)."""
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    cap = min(DEFAULT_CAPACITY, free // (2 * members.size)) // MIN_CAPACITY * MIN_CAPACITY
+    t = torch.tensor([cap], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=members.gloo)
+    cap = int(t.item())
+    if cap < MIN_CAPACITY:
+        raise UserError(f"{SHM_DIR} has too little free space for the shared-memory all-reduce of {members.size} "
+                        f"processes ({free >> 20} MiB free here); free some, or give the container more "
+                        "(docker run --shm-size=1g)")
+    return cap
+
+
+def build(ctx, members, cuda: bool) -> HostGroup:
+    """The host group of this engine's members (called by every member at its first step)."""
+    key = f"r{ctx.env.restart}-{members.name}{next(_MADE[members.name])}"
+
+    def barrier() -> None:  # control only: the segments exist / are mapped
+        dist.barrier(group=members.gloo)
+
+    kw = dict(job_id=ctx.env.job_id, secret=load_secret(), key=key, ranks=members.ranks, rank=ctx.rank,
+              barrier=barrier, capacity=_capacity(members), timeout_s=ctx.comm.op_timeout_s)
+    try:
+        if cuda:
+            from .cuda import CudaHostGroup
+
+            return CudaHostGroup(device=ctx.device, **kw)
+        return HostGroup(**kw)
+    except RuntimeError as err:  # a member died while the segments were made
+        raise ctx.peer_error("setting up the shared-memory all-reduce", [r for r in members.ranks if r != ctx.rank],
+                             err) from None

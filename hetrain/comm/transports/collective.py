@@ -1,0 +1,101 @@
+"""How the all-reduce transport moves one bucket, chosen once when the transport is
+built (`collective_for`), by type:
+
+- `ProcessGroupCollective`: torch.distributed over the members' process groups: NCCL for
+  device buffers where every member is a GPU of its own, gloo for host buffers (two
+  members swap small buckets instead: `p2p.Swap`, one round, not gloo's two);
+- `ShmCollective`: every member on one host: a reduce-scatter and an all-gather over
+  shared segments (comm/shm/), no socket; where this worker's tensors are CUDA ones the
+  segments are pinned and its buckets stay on the GPU until the copy into the segment
+  (comm/shm/cuda.py).
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from .. import p2p
+from ..cargo import CARGO_ROOM
+
+
+class ProcessGroupCollective:
+    """gloo / NCCL, as torch.distributed runs them (see the module docstring)."""
+
+    SWAP_BUCKET_BYTES = 1 << 20
+    SWAP_SCRATCH_BYTES = 8 << 20
+
+    def __init__(self, ctx, members):
+        self.ctx = ctx
+        self.members = members
+        self._scratch: dict[int, object] = {}  # receive buffers of swapped buckets, for `_layout`
+        self._layout = None
+
+    @property
+    def device_work(self) -> bool:
+        """Whether CUDA buckets are all-reduced where they are (NCCL), not from pinned copies."""
+        return self.members.nccl is not None
+
+    def begin(self, layout, on_device: bool) -> None:
+        self.on_device = on_device
+        self.group = self.members.nccl if on_device else self.members.gloo
+        if self._layout is not layout:  # new buckets: new receive buffers
+            self._scratch, self._layout = {}, layout
+            if self.members.size == 2:
+                room = self.SWAP_SCRATCH_BYTES
+                for pid, part in enumerate(layout.parts):
+                    if part.length * 4 <= min(self.SWAP_BUCKET_BYTES, room):
+                        self._scratch[pid] = None  # allocated at its first swap
+                        room -= part.length * 4
+
+    def start(self, pid: int, sent, view, what: str):
+        """The bucket's all-reduce, as a swap with the other member where it qualifies (a
+        small bucket in host memory: device buffers go to NCCL's all-reduce)."""
+        if not self.on_device:
+            p2p.host_only(view, f"all-reducing bucket {pid} over gloo")
+        if pid not in self._scratch or self.on_device:
+            return dist.all_reduce(sent, group=self.group, async_op=True)
+        if self._scratch[pid] is None:  # with room for a cargo's trailer
+            self._scratch[pid] = view.new_empty(view.numel() + CARGO_ROOM)
+        scratch = self._scratch[pid][:sent.numel()]
+        me = self.ctx.rank
+        peer = next(r for r in self.members.ranks if r != me)
+        return p2p.Swap(sent, scratch, peer, p2p.PAIR(pid % p2p.PAIR.size), self.group, f"swapping bucket {pid}")
+
+
+class ShmCollective:
+    """The members' shared segments (comm/shm/select.py builds the group at the first
+    step, when every member is in lockstep)."""
+
+    def __init__(self, ctx, members, cuda: bool):
+        self.ctx = ctx
+        self.members = members
+        self.cuda = cuda
+        self.host = None  # the HostGroup, made at the first `begin`
+
+    @property
+    def device_work(self) -> bool:
+        return self.cuda
+
+    def begin(self, layout, on_device: bool) -> None:
+        if self.host is None:
+            from ..shm.select import build
+
+            self.host = build(self.ctx, self.members, self.cuda)
+
+    def start(self, pid: int, sent, view, what: str):
+        return self.host.start(sent, what=f"{what} (bucket {pid})")
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()
+            self.host = None
+
+
+def collective_for(ctx, members):
+    """The strategy for this transport's buckets, decided once: shared memory where every
+    member shares this host and the members have no NCCL group (a host's GPUs talk over
+    NCCL), torch.distributed otherwise."""
+    from ..shm.select import usable
+
+    if members.nccl is None and usable(ctx, members):
+        return ShmCollective(ctx, members, cuda=ctx.device.type == "cuda")
+    return ProcessGroupCollective(ctx, members)
