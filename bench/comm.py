@@ -6,6 +6,10 @@ namespace with a tc-shaped NIC (needs root; see docs/architecture.md). Each case
 real `hetrain launch`; rank 0 reports the median of the repeats.
 
     python bench/comm.py --quick --json out.json
+
+The `colocated` section (bench/colocated.py) runs first: 2 and 4 processes on this host,
+4 MB and 100 MB, hetrain's shared-memory all-reduce beside gloo's in the same processes,
+and the memcpy bound (no namespaces needed; `--sections colocated` runs it alone).
 """
 from __future__ import annotations
 
@@ -104,6 +108,8 @@ def main() -> int:
     ap.add_argument("--mtu", type=int, default=MTU, help="MTU of the emulated links")
     ap.add_argument("--partition-bytes", type=int, default=65_536,
                     help="BytePS's 4 MB is ~1.3 ms on a 25 Gbit/s link; 64 KB is that on these 400 Mbit/s links")
+    ap.add_argument("--sections", default="colocated,cases",
+                    help="colocated: processes of this host, shared memory vs gloo; cases: the emulated cluster")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
@@ -112,6 +118,19 @@ def main() -> int:
         worker([int(s) for s in args.sizes.split(",")], args.repeats, args.ddp)
         return 0
 
+    sections = set(args.sections.split(","))
+    out: dict = {}
+    if "colocated" in sections:
+        import colocated
+
+        out["colocated"] = colocated.run([2, 4], [4_000_000, 100_000_000], args.repeats)
+        print("\nall-reduce among processes of this host: shared memory vs gloo\n" + colocated.table(out["colocated"]))
+        if args.json:  # written now too: the cases below take long
+            Path(args.json).write_text(json.dumps(out, indent=2))
+    if "cases" not in sections:
+        if args.json:
+            print(f"wrote {args.json}")
+        return 0
     from hetrain.cluster.netns import netns_available
     from hetrain.cluster.units import parse_rate
 
@@ -164,7 +183,7 @@ def main() -> int:
               f"{c['ddp_s'] / c['measured_s']:>9.2f}{ideal:>7.2f}")
     print(f"(ideal = theoretical BytePS speed-up over all-reduce, 1 + k(n-2)/n²; wall {time.time() - t_start:.0f}s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rate": args.rate, "mtu": args.mtu, "partition_bytes": partition,
+        Path(args.json).write_text(json.dumps({**out, "rate": args.rate, "mtu": args.mtu, "partition_bytes": partition,
                                                "repeats": repeats, "cases": cases}, indent=2))
         print(f"wrote {args.json}")
     return 0

@@ -13,7 +13,9 @@ test, which runs unchanged:
 - **`torch.cuda`**: `Stream`, `Event` (record / wait / query / synchronize),
   `current_stream`, the `stream()` context, `wait_stream`, `Tensor.record_stream`,
   `synchronize`, `mem_get_info`, device count / set_device / current_device,
-  `set_sync_debug_mode` ("error": a host sync on a device tensor raises).
+  `set_sync_debug_mode` ("error": a host sync on a device tensor raises),
+  `cudart().cudaHostRegister` (the registered host memory counts as pinned). Threads
+  started after `install()` run under the checker too.
 - **NCCL**: `new_group(backend="nccl")` makes a gloo group that behaves like an NCCL one:
   it refuses host tensors (as an NCCL-only group does) and runs each collective on its own
   stream, which waits for the caller's stream at launch; `work.wait()` makes the caller's
@@ -353,6 +355,38 @@ def _to(self, *args, **kwargs):
     return _REAL_TO(self, *args, **kwargs)
 
 
+def _host_register(ptr: int, size: int, flags: int = 0) -> int:
+    """cudaHostRegister: from now on the host memory at `ptr` is "pinned" (its accesses
+    are tracked, as those of `pin_memory=True` tensors); returns cudaSuccess (0)."""
+    with _CHECKER.lock:
+        _CHECKER.pinned.add(ptr)
+    return 0
+
+
+def _host_unregister(ptr: int) -> int:
+    with _CHECKER.lock:
+        _CHECKER.pinned.discard(ptr)
+        _CHECKER.accesses.pop(ptr, None)
+    return 0
+
+
+def _checked_run(run):
+    """Thread.run under a race-checking mode of the thread's own (dispatch modes are per
+    thread), so a thread started after install() (a transport's worker thread) is checked
+    and makes device tensors as the main thread does."""
+
+    def checked(self):
+        if _CHECKER is None:
+            return run(self)
+        with RaceMode(_CHECKER, sys.modules[__name__]):
+            return run(self)
+
+    return checked
+
+
+_CUDART = SimpleNamespace(cudaHostRegister=_host_register, cudaHostUnregister=_host_unregister)
+
+
 def _device_properties(device=None):
     return SimpleNamespace(name="CUDA stand-in", total_memory=_MEM[1], multi_processor_count=132, major=9, minor=0)
 
@@ -388,7 +422,7 @@ def install(count: int = 1, free: int | None = None, total: int | None = None) -
         "init": lambda: None, "empty_cache": lambda: None, "memory_allocated": lambda device=None: 0,
         "max_memory_allocated": lambda device=None: 0, "reset_peak_memory_stats": lambda device=None: None,
         "manual_seed": lambda seed: None, "manual_seed_all": lambda seed: None, "device": _device_ctx,
-        "is_bf16_supported": lambda *a, **k: False,
+        "is_bf16_supported": lambda *a, **k: False, "cudart": lambda: _CUDART,
     }.items():
         _patch(cuda, name, value)
     T = torch.Tensor
@@ -407,6 +441,7 @@ def install(count: int = 1, free: int | None = None, total: int | None = None) -
     for name in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                  "reduce_scatter_tensor"):
         _patch(dist, name, _collective(getattr(dist, name), name))
+    _patch(threading.Thread, "run", _checked_run(threading.Thread.run))
     _MODE = RaceMode(_CHECKER, sys.modules[__name__])
     _MODE.__enter__()
     return _CHECKER

@@ -1,0 +1,141 @@
+"""All-reduce among processes on this host: hetrain's shared-memory host group
+(hetrain/comm/shm/) beside torch.distributed's all-reduce on gloo (TCP loopback), in
+the same processes of the same run, and the memcpy bound of the shared-memory algorithm.
+
+memcpy_bound_s = (2.5 + 0.5/n) · N / S · n / min(n, cores), with N the tensor's bytes, n
+the processes, S the memcpy speed measured here (bytes copied per second, one thread)
+and `cores` the CPUs this process may run on. Why: per process the algorithm reads and
+writes 5N + N/n bytes (copy in 2N; sum of its slice of every segment N + N/n; its slice
+back into its segment 2N/n; gather of the other slices 2N(n-1)/n), and a memcpy of B
+bytes reads and writes 2B; with more processes than cores they share them.
+
+Used by bench/comm.py (its `colocated` section); alone:
+
+    python bench/colocated.py --procs 2,4 --mb 4,100 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def memcpy_speed(nbytes: int = 100_000_000, repeats: int = 5) -> float:
+    """Bytes copied per second by one thread (median of `repeats` copies of `nbytes`)."""
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times)
+
+
+def memcpy_bound(nbytes: int, n: int, speed: float, cores: int) -> float:
+    return (2.5 + 0.5 / n) * nbytes / speed * n / min(n, cores)
+
+
+def _timed(op, repeats: int) -> list[float]:
+    """Per repeat: this process's time from a common start (a barrier) to its op's end."""
+    op()  # warm-up: first touch of the pages, gloo's buffers
+    out = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        op()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -> None:
+    from hetrain.comm.shm.group import HostGroup
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=n)
+    job = f"bench{os.getppid()}"
+    group = HostGroup(job, "bench-secret-0123456789abcdef", f"n{n}", list(range(n)), rank, dist.barrier)
+    res = {}
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 4)
+        shm = _timed(lambda: group.all_reduce(x), repeats)
+        gloo = _timed(lambda: dist.all_reduce(x), repeats)
+        # each repeat's time is the slowest process's
+        t = torch.tensor([shm, gloo], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        res[nbytes] = {"shm_s": statistics.median(t[0].tolist()), "gloo_s": statistics.median(t[1].tolist())}
+        del x
+    group.close()
+    if rank == 0:
+        out.put(res)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(procs: list[int], sizes: list[int], repeats: int) -> list[dict]:
+    """One case per (processes, size): shm_s, gloo_s and memcpy_bound_s."""
+    speed = memcpy_speed()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cases = []
+    ctx = mp.get_context("spawn")
+    for n in procs:
+        with tempfile.TemporaryDirectory() as tmp:
+            q = ctx.Queue()
+            ps = [ctx.Process(target=_member, args=(r, n, f"{tmp}/pg", sizes, repeats, q)) for r in range(n)]
+            for p in ps:
+                p.start()
+            res = q.get(timeout=600)
+            for p in ps:
+                p.join(120)
+        for nbytes in sizes:
+            r = res[nbytes]
+            cases.append({"procs": n, "bytes": nbytes, "shm_s": r["shm_s"], "gloo_s": r["gloo_s"],
+                          "memcpy_bound_s": memcpy_bound(nbytes, n, speed, cores),
+                          "gloo_over_shm": r["gloo_s"] / r["shm_s"]})
+    return [dict(c, memcpy_Bps=speed, cores=cores, repeats=repeats) for c in cases]
+
+
+def table(cases: list[dict]) -> str:
+    head = f"{'procs':>5}{'MB':>6}{'shm s':>10}{'gloo s':>10}{'gloo/shm':>9}{'memcpy bound s':>16}{'shm/bound':>10}"
+    rows = [head, "-" * len(head)]
+    for c in cases:
+        rows.append(f"{c['procs']:>5}{c['bytes'] / 1e6:>6.0f}{c['shm_s']:>10.4f}{c['gloo_s']:>10.4f}"
+                    f"{c['gloo_over_shm']:>9.2f}{c['memcpy_bound_s']:>16.4f}{c['shm_s'] / c['memcpy_bound_s']:>10.2f}")
+    c = cases[0]
+    rows.append(f"(medians of {c['repeats']}, each the slowest process's; memcpy {c['memcpy_Bps'] / 1e9:.2f} GB/s on one "
+                f"thread; {c['cores']} cores; bound = (2.5 + 0.5/n)·N/S·n/min(n, cores))")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", default="2,4")
+    ap.add_argument("--mb", default="4,100")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+    cases = run([int(p) for p in args.procs.split(",")], [int(float(m) * 1e6) for m in args.mb.split(",")],
+                args.repeats)
+    print(table(cases))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"colocated": cases}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
