@@ -1,6 +1,7 @@
 """The shared-memory host group (hetrain/comm/shm/) with real spawned processes: results
 equal gloo's all-reduce and one process's sum (sum and average, fp32 and fp16, odd sizes,
-rounds larger than a segment), every member holds the same bits; a SIGKILLed member is
+rounds larger than a segment), every member holds the same bits, and the reduce to one
+member and the broadcast from one equal theirs; a SIGKILLed member is
 named at once and no segment is left in /dev/shm; without the job secret nothing attaches."""
 import multiprocessing as mp
 import os
@@ -61,6 +62,16 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
                 every = [torch.empty_like(got) for _ in range(n)]
                 dist.all_gather(every, got)
                 assert all(torch.equal(e, every[0]) for e in every), f"members differ: {what}"
+    for numel in SIZES:  # the in-host reduce to an owner and the broadcast from it (hierarchical)
+        root = numel % n
+        x = _inputs(rank, numel, torch.float32)
+        want = sum(_inputs(r, numel, torch.float32).double() for r in range(n)).float()
+        g.submit(g.reduce, x, root, "reducing").wait()
+        if rank == root:
+            torch.testing.assert_close(x, want, rtol=1e-5, atol=1e-5)
+        y = _inputs(rank, numel, torch.float32)
+        g.broadcast(y, root)
+        assert torch.equal(y, _inputs(root, numel, torch.float32))
     g.close()
     dist.destroy_process_group()
 

@@ -85,10 +85,10 @@ class CudaHostGroup(HostGroup):
         ev.record(self.copy)
         ev.synchronize()
 
-    def _copy_in(self, x: torch.Tensor, mine: torch.Tensor, s: int) -> None:
+    def _copy_in(self, x: torch.Tensor, mine: torch.Tensor, lo: int = 0, hi: int = 0) -> None:
         if x.device.type != "cuda":
-            return super()._copy_in(x, mine, s)
-        mine.copy_(x, non_blocking=True)
+            return super()._copy_in(x, mine, lo, hi)
+        mine.copy_(x, non_blocking=True)  # all of it: this member sums its slice on the host
         self._sync()  # in the segment before WRITTEN says so
 
     def _reduce_slice(self, x: torch.Tensor, views: list[torch.Tensor], lo: int, hi: int, average: bool) -> None:

@@ -97,13 +97,37 @@ class HostGroup:
             self._round(flat[lo:lo + cap], average, what)
         return t
 
+    def reduce(self, t: torch.Tensor, root: int, what: str = "reducing") -> torch.Tensor:
+        """Sum `t` into member `root`'s `t` (a job rank); the others' `t` then hold their
+        own slice of the sum (only the root's result is defined, as with dist.reduce).
+        The same rounds as `all_reduce`, with only `root` gathering."""
+        flat = self._flat(t)
+        cap = self.capacity // flat.element_size()
+        for lo in range(0, flat.numel(), cap):
+            self._round(flat[lo:lo + cap], False, what, gather=self.ranks.index(root) == self.index)
+        return t
+
+    def broadcast(self, t: torch.Tensor, root: int, what: str = "broadcasting") -> torch.Tensor:
+        """Member `root`'s `t` (a job rank) into every member's `t`."""
+        flat = self._flat(t)
+        cap = self.capacity // flat.element_size()
+        src = self.ranks.index(root)
+        for lo in range(0, flat.numel(), cap):
+            self._copy_round(flat[lo:lo + cap], src, what)
+        return t
+
     def start(self, t: torch.Tensor, average: bool = False, what: str = "all-reducing") -> ShmWork:
         """`all_reduce` on the group's thread (members start theirs in the same order)."""
+        return self.submit(self.all_reduce, t, average, what)
+
+    def submit(self, fn, *args) -> ShmWork:
+        """`fn(*args)` (one of this group's collectives) on the group's thread, after those
+        submitted before it: every member submits the same collectives in one order."""
         if self._queue is None:
             self._queue = queue.SimpleQueue()
             threading.Thread(target=_serve, args=(self._queue,), name="hetrain-shm", daemon=True).start()
         fut: Future = Future()
-        self._queue.put((fut, self.all_reduce, (t, average, what)))
+        self._queue.put((fut, fn, args))
         return ShmWork(fut)
 
     def _flat(self, t: torch.Tensor) -> torch.Tensor:
@@ -116,27 +140,51 @@ class HostGroup:
         cuts = [(m * k // self.size) // _ALIGN * _ALIGN for k in range(self.size)]
         return cuts + [m]
 
-    def _round(self, x: torch.Tensor, average: bool, what: str) -> None:
+    def _round(self, x: torch.Tensor, average: bool, what: str, gather: bool = True) -> None:
         s = self.round + 1
         i, segs, wait = self.index, self.segments, self.waiter.until
         m, dtype = x.numel(), x.dtype
         views = [seg.view(dtype, m) for seg in segs]
-        wait(segs, DONE, s - 1, what, skip=i)  # every member has gathered the last round's slices
-        self._copy_in(x, views[i], s)
-        segs[i].set_counter(WRITTEN, s)
-        wait(segs, WRITTEN, s, what, skip=i)
         b = self._bounds(m)
         lo, hi = b[i], b[i + 1]
+        wait(segs, DONE, s - 1, what, skip=i)  # every member has gathered the last round's slices
+        self._copy_in(x, views[i], lo, hi)
+        segs[i].set_counter(WRITTEN, s)
+        wait(segs, WRITTEN, s, what, skip=i)
         if hi > lo:
             self._reduce_slice(x, views, lo, hi, average)
         segs[i].set_counter(REDUCED, s)
         wait(segs, REDUCED, s, what, skip=i)
-        self._gather(x, views, b, s)
+        if gather:
+            self._gather(x, views, b, s)
         segs[i].set_counter(DONE, s)
         self.round = s
 
-    def _copy_in(self, x: torch.Tensor, mine: torch.Tensor, s: int) -> None:
-        mine.copy_(x)
+    def _copy_round(self, x: torch.Tensor, src: int, what: str) -> None:
+        """One round of a broadcast: `src` writes its chunk, the others copy it out."""
+        s = self.round + 1
+        i, segs, wait = self.index, self.segments, self.waiter.until
+        wait(segs, DONE, s - 1, what, skip=i)
+        theirs = segs[src].view(x.dtype, x.numel())
+        if i == src:
+            self._copy_in(x, theirs)
+            segs[i].set_counter(WRITTEN, s)
+        else:
+            segs[i].set_counter(WRITTEN, s)
+            wait(segs, WRITTEN, s, what, skip=i)  # src's among them
+            self._copy_out(x, theirs)
+        segs[i].set_counter(REDUCED, s)
+        segs[i].set_counter(DONE, s)
+        self.round = s
+
+    def _copy_out(self, x: torch.Tensor, theirs: torch.Tensor) -> None:
+        x.copy_(theirs)
+
+    def _copy_in(self, x: torch.Tensor, mine: torch.Tensor, lo: int = 0, hi: int = 0) -> None:
+        """`x` into this member's segment but for [lo, hi), its own slice, which only it
+        reads (from `x` itself: a copy less)."""
+        mine[:lo].copy_(x[:lo])
+        mine[hi:].copy_(x[hi:])
 
     def _gather(self, x: torch.Tensor, views: list[torch.Tensor], b: list[int], s: int) -> None:
         for j in range(self.size):
@@ -144,12 +192,16 @@ class HostGroup:
                 x[b[j]:b[j + 1]].copy_(views[j][b[j]:b[j + 1]])
 
     def _reduce_slice(self, x: torch.Tensor, views: list[torch.Tensor], lo: int, hi: int, average: bool) -> None:
-        """Slice [lo, hi) summed into the result and into this member's segment."""
-        self._reduce(x[lo:hi], [v[lo:hi] for v in views], average)
-        views[self.index][lo:hi].copy_(x[lo:hi])
+        """Slice [lo, hi) summed into the result (in place: this member's own part is
+        `x`'s, added first) and into this member's segment for the others to copy. Each
+        slice is summed by one member, so every member gets its bits."""
+        mine = x[lo:hi]
+        self._reduce(mine, [mine] + [v[lo:hi] for j, v in enumerate(views) if j != self.index], average)
+        views[self.index][lo:hi].copy_(mine)
 
     def _reduce(self, out: torch.Tensor, parts: list[torch.Tensor], average: bool) -> None:
-        """Slice sum in member order into `out` (fp16/bf16 through an fp32 accumulator)."""
+        """Sum of `parts` into `out` (which may be parts[0]; fp16/bf16 through an fp32
+        accumulator, rounded once)."""
         if out.dtype in _WIDE:
             n = out.numel()
             if self._scratch is None or self._scratch.numel() < n:

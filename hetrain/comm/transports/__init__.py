@@ -15,13 +15,16 @@
   uneven pieces). The local group is a parameter: NCCL between a machine's GPUs, gloo for
   emulated devices (how CPU tests run it) and for host tensors. Every worker of a machine
   issues its collectives in one global order, all reduces then all broadcasts (as BytePS
-  fixes one order for its NCCL calls), so no two workers interleave them differently. The servers see one pusher per machine and
-  weight it as the sum of its workers' pre-scaled gradients (comm/protocol.py), so the
-  result stays the batch-weighted average.
+  fixes one order for its NCCL calls), so no two workers interleave them differently.
+  Where the machine's workers exchange host buffers, the reduce and the broadcast go
+  through shared memory (comm/shm/). The servers see one pusher per machine and weight it
+  as the sum of its workers' pre-scaled gradients (comm/protocol.py), so the result stays
+  the batch-weighted average.
 
 One module per transport (base.py, server.py, allreduce.py, hierarchical.py) and the
-all-reduce's strategies (collective.py). A transport works on a step's staging (comm/staging.py, comm/cuda.py), which owns the
-buffers; `progress()` never blocks (called from gradient hooks), `finish()` does.
+all-reduce's strategies (collective.py). A transport works on a step's staging
+(comm/staging.py, comm/cuda.py), which owns the buffers; `progress()` never blocks
+(called from gradient hooks), `finish()` does.
 """
 from __future__ import annotations
 

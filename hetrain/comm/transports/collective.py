@@ -8,6 +8,9 @@ built (`collective_for`), by type:
   shared segments (comm/shm/), no socket; where this worker's tensors are CUDA ones the
   segments are pinned and its buckets stay on the GPU until the copy into the segment
   (comm/shm/cuda.py).
+
+The hierarchical transport's in-host reduce and broadcast take shared memory the same
+way (`local_shm`) where the machine's workers exchange host buffers.
 """
 from __future__ import annotations
 
@@ -99,3 +102,16 @@ def collective_for(ctx, members):
     if members.nccl is None and usable(ctx, members):
         return ShmCollective(ctx, members, cuda=ctx.device.type == "cuda")
     return ProcessGroupCollective(ctx, members)
+
+
+def local_shm(ctx) -> ShmCollective | None:
+    """Shared memory for the in-host reduce and broadcast of a machine's workers (host
+    buffers; a machine whose workers have NCCL keeps it for device buffers), or None
+    where it cannot be used: decided once, from the topology."""
+    from ..group import Group
+    from ..shm.select import usable
+
+    if ctx.local_host_groups is None:
+        return None
+    members = Group(f"local-{ctx.machine_name}", tuple(ctx.local_ranks), ctx.local_host_groups[0])
+    return ShmCollective(ctx, members, cuda=False) if usable(ctx, members) else None

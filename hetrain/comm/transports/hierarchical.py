@@ -15,6 +15,7 @@ from ..layout import Manifest
 from ..partition import Partition, plan_for
 from ..window import CreditWindow
 from .base import Arrival, ServerLeg, Transport
+from .collective import local_shm
 
 
 class HierarchicalTransport(Transport):
@@ -25,6 +26,7 @@ class HierarchicalTransport(Transport):
         super().__init__(ctx)
         self.shares = np.array([p.share for p in ctx.topology.servers])
         self.local = list(ctx.local_ranks)
+        self.shm = local_shm(ctx)  # the in-host reduce and broadcast of host buffers, or None
 
     def partitions(self, manifest: Manifest) -> list[Partition]:
         c = self.ctx.comm
@@ -37,6 +39,10 @@ class HierarchicalTransport(Transport):
         # communicators take CUDA tensors only)
         pair = self.ctx.local_groups if staging.on_device else self.ctx.local_host_groups
         self.reduce_group, self.bcast_group = pair
+        self.host = None  # shared memory for this step's local collectives (host buffers)
+        if self.shm is not None and not staging.on_device:
+            self.shm.begin(None, False)
+            self.host = self.shm.host
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}
         me = self.ctx.rank
@@ -72,8 +78,9 @@ class HierarchicalTransport(Transport):
         while self.next_reduce < len(self.order) and self.order[self.next_reduce] in self.ready:
             pid = self.order[self.next_reduce]
             self._touch()
-            w = self._collective(f"reducing partition {pid} among the machine's workers", dist.reduce,
-                                 st.work_view(pid), dst=self.owner[pid], group=self.reduce_group)
+            what = f"reducing partition {pid} among the machine's workers"
+            w = (self._collective(what, dist.reduce, st.work_view(pid), dst=self.owner[pid], group=self.reduce_group)
+                 if self.host is None else self.host.submit(self.host.reduce, st.work_view(pid), self.owner[pid], what))
             self.reduces.append((pid, w))
             self.next_reduce += 1
             moved = True
@@ -108,8 +115,10 @@ class HierarchicalTransport(Transport):
             ev = st.in_event(pid)
             if ev is not None:  # NCCL: the broadcast runs after the sum's host-to-device copy
                 st.cuda.compute().wait_event(ev)
-            w = self._collective(f"broadcasting partition {pid} from its owner", dist.broadcast,
-                                 st.work_view(pid), src=self.owner[pid], group=self.bcast_group)
+            what = f"broadcasting partition {pid} from its owner"
+            w = (self._collective(what, dist.broadcast, st.work_view(pid), src=self.owner[pid], group=self.bcast_group)
+                 if self.host is None else self.host.submit(self.host.broadcast, st.work_view(pid), self.owner[pid],
+                                                            what))
             self.bcasts.append((pid, w))
             self.next_bcast += 1
             moved = True
