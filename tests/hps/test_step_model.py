@@ -183,7 +183,7 @@ def test_balancer_rebalances_from_fits():
 
 
 def test_overlapped_exchange_applies_one_step_later():
-    b = Balancer(None, 100, BalanceConfig(every=1), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 0.0, 50]),
+    b = Balancer(None, 100, BalanceConfig(every=1), gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 0.0, np.nan, 50]),
                  num_workers=2)
     b.record(50, 0.1)
     b.update(extra=(50,))
