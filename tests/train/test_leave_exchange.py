@@ -44,3 +44,30 @@ def test_left_workers_take_no_part_and_rejoin_resynchronised(launch, tmp_path, m
                         timeout=30, limit=300)
     assert rc == 0, log
     _check(out)
+
+
+SLOW_THIRD = {"name": "t", "machines": [
+    {"name": "w0", "role": "worker", "device": {"speed": 1.0}},
+    {"name": "w1", "role": "worker", "device": {"speed": 0.5}},
+    {"name": "w2", "role": "worker", "device": {"speed": 0.04}}]}
+
+
+@pytest.mark.slow
+def test_a_balanced_worker_too_slow_to_help_leaves_and_rejoins_for_probes(launch, tmp_path):
+    """Through BalancedLoader: a worker 25x slower than the fastest gets a sliver of a share,
+    so it sits out and leaves the exchange; probes (every 2 steps here) bring it back for a
+    step or more, re-synchronised first. Every worker ends with one process's parameters."""
+    from tests.hps.test_hps_multiprocess import HPS, check_one_process_update
+
+    out = tmp_path / "params"
+    rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--probe-every=2", cluster=SLOW_THIRD,
+                        mode="allreduce", timeout=30, limit=300)
+    assert rc == 0, log
+    runs = check_one_process_update(out, "unequal", 0.0)
+    samples = runs[2]["trained"][:, 0].tolist()  # the slow worker's samples per step
+    out_steps = [k for k, n in enumerate(samples) if n == 0]
+    assert out_steps, samples  # it sat out ...
+    assert runs[2]["sat_out"] == len(out_steps) and runs[2]["exchanges"] == len(samples) - len(out_steps)
+    back = [k for k in range(out_steps[0], len(samples)) if samples[k] > 0]
+    assert back, samples  # ... and a probe brought it back, re-synchronised first (and at the end)
+    assert all(r["resyncs"] >= 1 + (samples[-1] == 0) for r in runs), [r["resyncs"] for r in runs]
