@@ -196,7 +196,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
     def finish(self) -> None:
         """End of training (every worker, same point): close the step handed out last if
         the loop was left early, and complete the exchange still in flight, so the last
-        step is measured, logged and counted. A collective."""
+        step is measured, logged and counted; and bring every worker's parameters up to
+        date (a worker that sat out the last steps, out of their exchange, has older ones:
+        api/members.py). A collective."""
         self._end()
         t0 = time.perf_counter()
         self.balancer.flush()
