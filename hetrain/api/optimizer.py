@@ -19,6 +19,7 @@ from . import uneven as _join
 from .adasum import adasum_allreduce
 from .amp import scaled_step
 from .basics import engine
+from .members import ExchangeMembers
 from .compression import _codec_name
 from .ops import _drain
 from .reduce_op import ReduceOp, resolve
@@ -137,7 +138,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batch_size = 1
         self._total: int | None = None  # every worker's batch together this step, when the loader knows it
         self._size_set = False  # set_batch_size() since the last step: zero_grad() starts the step
-        self.engine = engine()
+        self.engine = engine()  # the engine of this step's exchange (see set_exchange)
+        self._members = ExchangeMembers(self.engine)
+        self._out = False  # this worker sits this step's exchange out (set_exchange)
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
             check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
         self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
@@ -262,7 +265,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batch_size = int(batch_size)
         self._total = None if total is None else int(total)
         self._size_set = True  # zero_grad() after this starts the step at once
-        if self._armed and not self.engine.in_flight:
+        if self._armed and not self.engine.in_flight and not self._out:
             # overlap: exchange the step header now, before backward, so the hooks only
             # send (waiting for the other workers must not count as this worker's compute,
             # or the balancer would read waiting as slowness)
@@ -270,6 +273,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                                              average=self._average, overlapped=True,
                                                              total=self._total, owner=self):
                 self._armed = False
+
+    def set_exchange(self, workers=None, *, step: bool = True) -> None:
+        """This step's exchange runs among `workers` only (indices into the job's workers;
+        None: all of them), the workers that train on samples in it (BalancedLoader says
+        so every step, before `set_batch_size`; api/members.py). Every worker must call it
+        at the same step with the same set. A worker outside it sits the step out: no
+        exchange, no update (its parameters stand still until a set takes it in again,
+        when they and the optimizer state are first broadcast to it from a worker that
+        kept training). Sync jobs with op Average or Sum; otherwise every worker exchanges.
+        `step=False`: no step follows (the end of training: every worker is brought up to date)."""
+        ctx = self._members.ctx
+        ranks = self._members.workers
+        if workers is not None and ctx.distributed and self.sync == "sync" and self.op != ReduceOp.ADASUM:
+            ranks = self._members.ranks_of(workers)
+        if ranks != self._members.last and self.engine.in_flight:  # (the same set: nothing changes)
+            raise UserError("set_exchange() with another set while this optimizer's exchange is in flight: call "
+                            "it before zero_grad(), once the step before has ended with step()")
+        self._members.enter(ranks, self._named, self._inner, step)
+        eng = self._members.engine_for(ranks)
+        self._out = eng is None
+        self.engine = self._members.job if eng is None else eng
 
     def _announce(self) -> bool:
         """Before each exchange, one tiny all-reduce tells workers that have joined
@@ -306,6 +330,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UserError("synchronize() with op=hetrain.Adasum: the Adasum optimizer combines the workers' "
                             "parameter updates after each local step, so there is no exchanged gradient to look at; "
                             "use op=hetrain.Average to clip exchanged gradients")
+        if self._out:  # sitting this step out (set_exchange): nothing to add, nothing to take
+            self._armed, self._synced, self._size_set, self._total = False, True, False, None
+            self._passes = [0] * len(self._named)
+            return
         _drain()
         self.engine.complete_other(self)  # another optimizer's exchange still in flight: it completes first
         if not self.engine.in_flight and not self._announced:
@@ -393,6 +421,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return loss
         if self.op == ReduceOp.ADASUM:
             return self._adasum_step(closure)
+        if self._out:  # sitting out: the parameters stand still until it rejoins (re-synchronised then)
+            self._synced = False
+            self._passes = [0] * len(self._named)
+            return closure() if closure is not None else None
         if not self._skip and not self._synced:
             self.synchronize()
         elif self._skip and not self._synced and self.engine.ctx.distributed:
@@ -406,6 +438,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         fit one all-reduce bucket are pointed at their piece of it, zeroed (PyTorch DDP's
         `gradient_as_bucket_view`): backward accumulates into the bucket, and neither a copy
         in nor a copy out is made. Such a `.grad` is a zero tensor, not None, after this."""
+        if self._out:
+            self._inner.zero_grad(set_to_none=set_to_none)
+            self._armed = self._synced = self._size_set = False
+            self._passes = [0] * len(self._named)
+            return
         if not self.engine.in_flight:
             self.engine.mark_step_start()
         homes = ({} if self.sync != "sync" or self.op == ReduceOp.ADASUM or self.engine.in_flight

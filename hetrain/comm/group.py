@@ -13,6 +13,11 @@ order, member or not; `make_groups` is therefore called by every rank with the s
 rank lists and returns a `Group` for each (holding process groups only where this rank
 is a member). A subgroup engine always all-reduces: summation servers sum for the whole
 job's workers, and a stage's few replicas gain nothing from a server hop.
+
+`exchange_group` is the other kind: the workers of one training step's gradient exchange
+when some sit out (a balanced job, hetrain.api.members). Those sets are only known while
+training runs, and on the workers alone: every worker makes each set's group at the step
+that first uses it; the summation servers never do.
 """
 from __future__ import annotations
 
@@ -91,3 +96,29 @@ def make_groups(ctx, rank_lists: Sequence[Sequence[int]], names: Sequence[str]) 
         out.append(Group(name, ranks, gloo if member else None, nccl if member else None, member))
     yield_loop_threads()  # the new groups' gloo threads yield as init()'s do (runtime/commthreads.py)
     return out
+
+
+def exchange_group(ctx, ranks: Sequence[int]) -> Group:
+    """The `Group` of the workers `ranks` (job ranks) exchanging gradients among
+    themselves while the job's other workers sit out. Every worker of the job calls it,
+    member or not, at the same step (the first that uses this set): torch.distributed names
+    a group by how many each process has made, so the workers' counts must stay equal.
+    The summation servers take no part: a group is made without a barrier, and a process
+    that is not a member returns at once. One worker alone needs no process group (its
+    engine only weights)."""
+    ranks = tuple(sorted(int(r) for r in ranks))
+    name = "exchange " + ",".join(map(str, ranks))
+    member = ctx.rank in ranks
+    if not ctx.distributed or len(ranks) == 1:
+        return Group(name, ranks, member=member)
+    wait = timedelta(seconds=ctx.comm.timeout_s)
+    gloo = dist.new_group(list(ranks), timeout=wait, backend="gloo")
+    nccl = None
+    if group_backend(ctx.topology, ranks, ctx.comm) == "nccl":
+        if member:
+            nccl_environment()
+            nccl = dist.new_group(list(ranks), timeout=wait, backend="nccl", **nccl_group_options(ctx.device))
+        else:  # counted the same; a process outside the group makes nothing (nor needs NCCL)
+            dist.new_group(list(ranks), timeout=wait, backend="gloo")
+    yield_loop_threads()
+    return Group(name, ranks, gloo if member else None, nccl, member)

@@ -10,6 +10,7 @@ ends, and (from the servers) whether the workers of one machine disagree on aver
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, Sequence
 
 import torch
@@ -151,6 +152,13 @@ class ControlExchange:
         return [Reply(int(r[0]), int(r[1])) for r in self.replies]
 
 
+# how long a server waits for the next step's announcements: the workers may train for
+# any time without it (a balanced job whose steps leave a worker out exchange among their
+# workers only: hetrain.api.members), and a lost worker is found by the launcher's
+# liveness, which stops the job, not by this wait; the bound is a backstop only
+IDLE_WAIT = timedelta(hours=24)
+
+
 class ControlInbox:
     """Server side: the next step's control messages, one receive per worker, posted as
     soon as the previous ones arrived so no step waits for a receive to be posted."""
@@ -169,7 +177,7 @@ class ControlInbox:
         left pending at teardown)."""
         for w, work in zip(self.workers, self.works):
             try:
-                work.wait()
+                work.wait(IDLE_WAIT)
             except RuntimeError as err:
                 raise on_error(w, err) from None
         return self.bufs.clone()

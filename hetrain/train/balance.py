@@ -25,104 +25,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from ..perf.exchangeset import exchange_cost, fastest_sets, price_floor, priced
 from ..perf.stepfit import StepTimeModel
 from ..perf.steptime import SMALL_SHARE, StepPlan, plan_step, plan_time, predicted_times, step_floor
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
+from .balance_config import BalanceConfig
 from .exchange import Gather, carried, exchange_rows, ready, worker_gather
 from .probe import Probe, probe_sizes
 
 
 class DeviceMemoryTooSmallError(UserError):
     """A worker's device cannot hold even the smallest share."""
-
-
-@dataclass(frozen=True)
-class BalanceConfig:
-    """How shares follow measured step times. Validated so a bad value fails before training starts."""
-
-    policy: Literal["measured", "equal"] = "measured"  # equal: fixed equal shares (capped by memory), still measured
-    window: int = 16  # steps the fixed part is fitted on (robust regression over the window)
-    recent: int = 5  # the level follows the median over the last `recent` steps (two outliers do not move shares)
-    # exchange fits and re-balance every `every` steps (equal shares: every `window` steps,
-    # for the metrics only). Each exchange is a collective, which on a loaded or 1-core
-    # worker costs a thread hand-off per step; 2 halves that, shares follow a step later
-    every: int = 2
-    overlap_exchange: bool = True  # a step's exchange completes during the next step (shares one step older)
-    memory_per_sample: float = 0.0  # device bytes one sample needs (activations + their grads); 0: no cap
-    reserved_bytes: float = 0.0  # device bytes taken before any sample (parameters, grads, optimizer state)
-    min_samples: int = 1  # a worker that takes part gets at least this many samples (its speed stays measurable)
-    # a worker whose best share is under this fraction of an equal share sits out: it would
-    # shorten the compute by a few percent at most, and its part in the exchange costs more
-    # (0: only workers too slow to help at all sit out)
-    small_share: float = SMALL_SHARE
-    # a worker sitting out rejoins once its best share reaches `rejoin` x small_share (1: at
-    # small_share): the fits of the workers that stay move with step noise, and one on the
-    # edge would otherwise join and leave on alternate re-balances, paying its exchange in
-    # every step it is in for a sliver of samples
-    rejoin: float = 2.0
-    # a worker sitting out trains again for ceil(recent/2) steps after this many, to be
-    # measured (its fit stands still while it is out), the wait doubling each time it
-    # stays out (train/probe.py; 0: never)
-    probe_every: int = 64
-    # a new split replaces the current one only where it is predicted faster by more than
-    # this fraction of the step: each new local batch size is a new input shape, which
-    # kernels built per shape pay for again on first sight (oneDNN convolutions on a CPU,
-    # cuDNN autotuning, torch.compile), and shares re-solved on step noise wander by a few
-    # samples; a real change of speed (interference, a straggler) is far above it
-    hold: float = 0.01
-    # ... and by this many standard errors of the fits' level where that is more (the
-    # step-to-step noise of a shared host: a CNN's shares re-solved on it wandered by 5%)
-    hold_noise: float = 2.0
-    # unequal: one local batch per worker, sizes by speed, batch-weighted average (H-PS);
-    # accumulate: equal micro-batches, a count per worker (gradient accumulation, IIDP);
-    # auto: the one the step-time model predicts faster for the measured workers
-    strategy: Literal["auto", "unequal", "accumulate"] = "auto"
-    micro_batch: int = 0  # accumulate's micro-batch (0: global batch / (2 x workers), at least 1)
-    # a fraction of every step's samples handed out while the step runs, a chunk at a time,
-    # to whichever worker asks first (hetrain.train.tail): absorbs step-to-step speed noise
-    tail: float = 0.0
-    tail_chunks: int = 3  # tail chunks each worker expects per step (each is a pass: it pays the fixed part)
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("measured", "equal"):
-            raise UserError(f"balance policy must be 'measured' or 'equal', got {self.policy!r}")
-        if self.window < 2:
-            raise UserError(f"balance window must be >= 2 steps, got {self.window}")
-        if not 1 <= self.recent <= self.window:
-            raise UserError(f"balance recent must be between 1 and window={self.window} steps, got {self.recent}")
-        if self.every < 1:
-            raise UserError(f"balance every must be >= 1 step, got {self.every}")
-        if self.memory_per_sample < 0 or self.reserved_bytes < 0:
-            raise UserError("memory_per_sample and reserved_bytes must be >= 0 bytes")
-        if self.min_samples < 0:
-            raise UserError("min_samples must be >= 0")
-        if not 0.0 <= self.small_share < 1.0:
-            raise UserError("small_share must be a fraction of an equal share in [0, 1) (0: off), "
-                            f"got {self.small_share}")
-        if self.probe_every < 0:
-            raise UserError(f"probe_every must be >= 0 steps (0: never), got {self.probe_every}")
-        if not self.rejoin >= 1.0:
-            raise UserError(f"rejoin must be >= 1 (a multiple of small_share), got {self.rejoin}")
-        if not 0.0 <= self.hold < 1.0:
-            raise UserError(f"hold must be a fraction of the step in [0, 1) (0: always re-split), got {self.hold}")
-        if not self.hold_noise >= 0.0:
-            raise UserError(f"hold_noise must be >= 0 standard errors (0: hold alone), got {self.hold_noise}")
-        if self.strategy not in ("auto", "unequal", "accumulate"):
-            raise UserError(f"balance strategy must be 'auto', 'unequal' or 'accumulate', got {self.strategy!r}")
-        if not 0.0 <= self.tail < 1.0:
-            raise UserError(f"tail must be a fraction of the batch in [0, 1) (0: off), got {self.tail}")
-        if self.tail_chunks < 1:
-            raise UserError(f"tail_chunks must be >= 1 chunk per worker, got {self.tail_chunks}")
-        if self.micro_batch < 0:
-            raise UserError(f"micro_batch must be >= 0 samples (0: a default), got {self.micro_batch}")
 
 
 def memory_caps(memory, cfg: BalanceConfig, limit: int) -> np.ndarray:
@@ -184,6 +105,10 @@ class Balancer:
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
         self.level_error = np.zeros(self.n)  # agreed standard error of each worker's fitted level (relative)
+        # agreed seconds each worker's steps spent exchanging with others (NaN: not measured;
+        # hetrain.perf.exchangeset prices the sets of workers with it), and this worker's own
+        self.comm = np.full(self.n, np.nan)
+        self._exchanges: list[float] = []
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -277,6 +202,13 @@ class Balancer:
         """This worker's compute for the step just done."""
         self.model.add(samples, seconds)
 
+    def record_exchange(self, seconds: float) -> None:
+        """What this worker's step just done spent beyond its compute exchanging with other
+        workers (exposed exchange and waiting for them; only steps it shared an exchange
+        with others: a step alone costs none). Its median over the last `window` such steps
+        is what this worker reports (`hetrain.perf.exchangeset`)."""
+        self._exchanges = [*self._exchanges[1 - self.cfg.window:], float(seconds)]
+
     def shares_for(self, total: int) -> np.ndarray:
         """Shares of `total` samples (the global batch, or an epoch's last partial batch)
         from the agreed fits; equal (capped) before any measurement. No collective."""
@@ -343,15 +275,30 @@ class Balancer:
         hold = self.hold
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
-        return plan_time(current, fixed, per) <= floor * (1 + hold)
+        if self._priced(current.sizes.sum()):
+            floor = price_floor(int(current.sizes.sum()), fixed, per, self.caps, self.comm, floor)
+        return self._price(current, fixed, per) <= floor * (1 + hold)
+
+    def _priced(self, total) -> bool:
+        """Whether the exchange is priced when the full batch's workers are chosen
+        (`hetrain.perf.exchangeset`): they leave the exchange at share 0 and some measured it."""
+        return self.cfg.leave and int(total) == self.global_batch and not self.every_worker and priced(self.comm)
+
+    def _price(self, plan: StepPlan, fixed, per) -> float:
+        """Predicted seconds of `plan`'s step under these fits: its compute, and where
+        the exchange is priced, the exchange among its workers."""
+        t = plan_time(plan, fixed, per)
+        return t + exchange_cost(plan.sizes > 0, self.comm) if self._priced(plan.sizes.sum()) else t
 
     def _solve(self, total: int, fixed: np.ndarray, per: np.ndarray, measured: bool,
                current: StepPlan | None, floor: float) -> StepPlan:
         """`plan_for`'s solve: the strategy's split (both priced with "auto"), then `_held`."""
         caps = np.minimum(self.caps, total)
+        if self.cfg.leave and int(total) < self.global_batch and not self.every_worker and self.plan is not None:
+            caps = np.where(self.plan.sizes > 0, caps, 0)  # an epoch's last batch: no worker rejoins for it
         micro = min(self.micro, int(total))
         # accumulation only needs one micro-batch in memory: a worker that cannot hold it runs none
-        micro_caps = np.where(self.caps >= micro, int(total), 0)
+        micro_caps = np.where((self.caps >= micro) & (caps > 0), int(total), 0)
         # an epoch's last partial batch keeps every worker: one short step's fixed part is
         # the fits' least certain number, and a data loader cannot be handed an empty batch
         keep = self.every_worker  # a DataLoader's batches: nobody sits out (require_every_worker)
@@ -371,9 +318,26 @@ class Balancer:
                 cur, other = (une, acc) if self.strategy == "unequal" else (acc, une)
                 plan = other if other.predicted < 0.95 * cur.predicted else cur
             self.strategy = plan.strategy
+        if measured and self._priced(total):
+            plan = self._best_subset(plan, total, fixed, per, caps, micro_caps, args)
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
         return self._held(current, plan, fixed, per) if measured else plan
+
+    def _best_subset(self, plan: StepPlan, total: int, fixed, per, caps, micro_caps, args) -> StepPlan:
+        """`plan` (the compute-optimal split) or the split of a set of the fastest workers
+        alone, whichever is predicted faster with the exchange among its workers
+        (`hetrain.perf.exchangeset`): the best subset of devices is always a candidate."""
+        best, best_t = plan, self._price(plan, fixed, per)
+        for mask in fastest_sets(total, fixed, per, caps):
+            if bool((mask == (plan.sizes > 0)).all()):
+                continue
+            cand = plan_step(total, fixed, per, np.where(mask, caps, 0), strategy=plan.strategy,
+                             **{**args, "micro_caps": np.where(mask, micro_caps, 0)})
+            t = self._price(cand, fixed, per)
+            if t < best_t:
+                best, best_t = cand, t
+        return best
 
     def _held(self, current: StepPlan | None, new: StepPlan, fixed: np.ndarray, per: np.ndarray) -> StepPlan:
         """`current` (the split in use for this many samples) unless `new` is predicted
@@ -384,7 +348,7 @@ class Balancer:
         if (current is None or hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
                 or (self.every_worker and bool((current.sizes == 0).any()))):
             return new
-        return current if plan_time(current, fixed, per) <= new.predicted * (1 + hold) else new
+        return current if self._price(current, fixed, per) <= self._price(new, fixed, per) * (1 + hold) else new
 
     @property
     def hold(self) -> float:
@@ -427,7 +391,8 @@ class Balancer:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        row = np.array([fixed, per, self.model.level_error, *extra], dtype=np.float64)
+        comm = float(np.median(self._exchanges)) if self._exchanges else float("nan")
+        row = np.array([fixed, per, self.model.level_error, comm, *extra], dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -481,8 +446,9 @@ class Balancer:
         self._apply(wait(), step)
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
-        self.rows, self.rows_step = rows[:, 3:], step
+        self.rows, self.rows_step = rows[:, 4:], step
         self.level_error = np.nan_to_num(rows[:, 2])
+        self.comm = rows[:, 3].copy()
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

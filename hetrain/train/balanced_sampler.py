@@ -118,7 +118,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
         if job and hasattr(self.engine, "carry"):
-            self.balancer.carry = self.engine.carry
+            self.balancer.carry = self.engine.carry  # rides the job's exchange only: every worker's row
+        # a worker with no samples in a step leaves its exchange (api/members.py); the tail
+        # is claimed while the step runs, so who takes part is not known when it starts
+        self.leave = (job and lockstep and cfg.leave and self.claims is None and group.size > 1
+                      and hasattr(optimizer, "set_exchange"))
+        self._shared = False  # this worker shared the step handed out last's exchange with others
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
@@ -153,10 +158,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self._hook_end = (self._now(), self._stats())
             self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
 
-    def _begin(self, samples: int, total: int | None = None, passes: int = 1) -> None:
+    def _begin(self, samples: int, total: int | None = None, passes: int = 1, members=None) -> None:
         self._ensure_hook()
         if self.engine is not None and hasattr(self.engine, "while_waiting"):
             self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
+        if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
+            self.optimizer.set_exchange(members)
+            self._shared = samples > 0 and len(members) > 1
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
@@ -178,6 +186,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
         compute = max(0.0, end - t_out - comm - wait)
         self.balancer.record(samples, compute)
+        if self._shared:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
+            self.balancer.record_exchange(comm + wait)
         t0 = time.perf_counter()
         self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
         self.exchange_s += time.perf_counter() - t0
@@ -186,10 +196,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
     def finish(self) -> None:
         """End of training (every worker, same point): close the step handed out last if
         the loop was left early, and complete the exchange still in flight, so the last
-        step is measured, logged and counted. A collective."""
+        step is measured, logged and counted; and bring every worker's parameters up to
+        date (a worker that sat out the last steps, out of their exchange, has older ones:
+        api/members.py). A collective."""
         self._end()
         t0 = time.perf_counter()
         self.balancer.flush()
+        if self.leave:  # every worker's parameters the same again (a worker sitting out has old ones)
+            self.optimizer.set_exchange(None, step=False)
         self.exchange_s += time.perf_counter() - t0
         self._log()
         if self._hook is not None:  # iterating again re-installs it
@@ -285,7 +299,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             bounds = np.concatenate([[0], np.cumsum(sizes)])
             mine = batch[bounds[me]: bounds[me + 1]]
             self._running, self._batch = s, batch
-            self._begin(len(mine), len(batch), passes + (int(-(-len(mine) // self.micro)) if self.micro else 1))
+            self._begin(len(mine), len(batch), passes + (int(-(-len(mine) // self.micro)) if self.micro else 1),
+                        np.flatnonzero(sizes > 0).tolist())
             yield mine
         self._end()
         pos.step = len(self)

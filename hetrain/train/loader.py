@@ -181,7 +181,8 @@ class BalancedLoader:
         same way, so their samples count as much as any). The next pass is known before
         this one runs (a chunk is claimed one pass ahead), so the optimizer starts the
         exchange on the last pass's backward. An empty share yields nothing: the worker
-        sits the step out and pushes zeros with weight 0."""
+        sits the step out, out of its gradient exchange (hetrain.api.members; with
+        `BalanceConfig(leave=False)` or `tail=`: in it, pushing zeros with weight 0)."""
         one = batch[0] if len(batch) == 1 else batch
         n = len(batch[0]) if batch else 0
         if n == 0:

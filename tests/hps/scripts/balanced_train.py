@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import hetrain
 from hetrain.cluster.device import EmulatedDevice
+from hetrain.train.balance import BalanceConfig
 from hetrain.train.loader import BalancedLoader
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
@@ -20,6 +21,7 @@ out = Path(sys.argv[1])
 overlap = True if "--overlap" in sys.argv else None  # None: the job's default (on in mode allreduce)
 strategy = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--strategy=")), None)
 tail = float(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--tail=")), 0.0))
+probe_every = int(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--probe-every=")), 64))
 ctx = hetrain.init()
 rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine
@@ -30,7 +32,8 @@ dev = hetrain.device() if "--cuda" in sys.argv else torch.device("cpu")
 model = make_model().to(dev)
 opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=overlap)
-loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy, tail=tail)
+loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy, tail=tail,
+                        config=BalanceConfig(probe_every=probe_every))
 compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
 trained = []  # per step: samples this worker trained on (its claimed tail chunks included), passes
 for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
@@ -54,5 +57,7 @@ torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict(
             "order": torch.from_numpy(loader.batches.sampler.order(0)),
             "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
             "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST,
-            "trained": torch.tensor(trained)}, out / f"rank{rank}.pt")
+            "trained": torch.tensor(trained),
+            # steps this worker exchanged in, sat out, and re-synchronisations (a worker rejoining)
+            "exchanges": opt._members.exchanges, "sat_out": opt._members.sat_out, "resyncs": opt._members.resyncs}, out / f"rank{rank}.pt")
 hetrain.shutdown()

@@ -1,0 +1,194 @@
+"""Who exchanges gradients in a step: the workers that train on samples in it.
+
+A balanced job (hetrain.BalancedLoader) gives a worker that would not make the step
+faster a share of 0 samples (`hetrain.perf.steptime.useful_workers`,
+`hetrain.perf.exchangeset`). Such a worker has no gradient to add, and taking part in the
+exchange anyway costs the workers that do train a collective with one more member (a
+GPU beside CPU workers ran at a quarter of its own speed for it). So the step's
+exchange runs among the workers with samples only: the whole job's engine when every
+worker trains, else an engine on a group of those workers (comm/group.py
+`exchange_group`), one per set, made by every worker when the set is first used. A
+set of one worker moves nothing. In a job with summation servers, a set short of the
+whole job all-reduces among its members, as any subgroup engine does: the servers sum
+for the whole job's workers and see only the steps every worker takes part in.
+
+Every worker knows the set of every step: it is the agreed split's workers with
+samples (every worker solves the same split from the same exchanged numbers), so all
+agree on it without a message, and all know who holds the current parameters: the
+workers of the last step's set. A worker sitting out keeps the parameters it had; when
+a set takes in a worker of no set before it (a probe, a new split), the parameters and
+the optimizer state are first broadcast to every worker from the lowest rank of the
+last set (`resync`), so its gradients are computed on the current model.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+_DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+class ExchangeMembers:
+    """The gradient exchange's members, step by step, for one DistributedOptimizer.
+
+    `engine_for(ranks)` is the engine of a set (None where this worker is not in it);
+    `enter(ranks, named, optimizer)` re-synchronises first where the set takes in a
+    worker that was not in the last one. Counters for the step summary and tests:
+    `exchanges` (steps this worker exchanged in), `sat_out`, `resyncs`."""
+
+    def __init__(self, job_engine):
+        self.job = job_engine
+        self.ctx = job_engine.ctx
+        topo = self.ctx.topology if self.ctx.distributed else None
+        self.workers: tuple[int, ...] = tuple(topo.worker_ranks) if topo is not None else (self.ctx.rank,)
+        self.last: tuple[int, ...] = self.workers  # who holds the current parameters
+        self._engines: dict[tuple[int, ...], object] = {}
+        self.exchanges = self.sat_out = self.resyncs = 0
+
+    def ranks_of(self, workers: Sequence[int]) -> tuple[int, ...]:
+        """Job ranks of worker indices (the balancer's order: the job's workers)."""
+        idx = sorted({int(i) for i in workers})
+        if not idx or idx[0] < 0 or idx[-1] >= len(self.workers):
+            raise UserError(f"set_exchange needs worker indices in 0..{len(self.workers) - 1} (at least one), "
+                            f"got {list(workers)}")
+        return tuple(self.workers[i] for i in idx)
+
+    def engine_for(self, ranks: tuple[int, ...]):
+        """The engine that exchanges among `ranks` (None: this worker sits out). Every
+        worker asks at every step, with the same set (a new set's group is made then)."""
+        if ranks == self.workers:
+            return self.job
+        if ranks not in self._engines:
+            from ..comm.engine import PushPull
+            from ..comm.group import exchange_group
+
+            group = exchange_group(self.ctx, ranks)  # every worker, member or not (see there)
+            eng = PushPull(self.ctx, group) if group.member else None
+            if eng is not None:
+                eng.stats = self.job.stats  # one account: the balancer reads the step's exchange time there
+            self._engines[ranks] = eng
+        eng = self._engines[ranks]
+        if eng is not None:
+            eng._idle = self.job._idle  # the re-plan that runs while the step's exchange waits
+        return eng
+
+    def enter(self, ranks: tuple[int, ...], named, optimizer: torch.optim.Optimizer, step: bool = True) -> None:
+        """The step exchanging among `ranks` starts: where one of them was not in the
+        last set, every worker takes part in `resync` (a collective over the job's workers)."""
+        if any(r not in self.last for r in ranks):
+            self.resync(named, optimizer, min(self.last))
+        self.last = ranks
+        if not step:
+            return
+        if self.ctx.rank in ranks:
+            self.exchanges += 1
+        else:
+            self.sat_out += 1
+
+    def resync(self, named, optimizer: torch.optim.Optimizer, source: int) -> None:
+        """Broadcast the parameters and the optimizer's state from job rank `source` to
+        every worker (the whole worker group, so one collective serves any set; it runs
+        only when a worker rejoins). The state's structure travels as JSON (never a
+        pickle): a worker that sat out from the start may hold none yet."""
+        ctx = self.ctx
+        if not ctx.distributed or len(self.workers) == 1:
+            return
+        params = [p for _, p in named]
+        desc = _describe(optimizer, params) if ctx.rank == source else ""
+        desc = json.loads(_broadcast_text(ctx, desc, source))
+        if [int(n) for n in desc["numel"]] != [p.numel() for p in params]:
+            raise UserError(f"re-synchronising parameters from {ctx.describe(source)}: its parameters have "
+                            f"{desc['numel']} elements, this worker's {[p.numel() for p in params]}; every worker "
+                            "must train the same model")
+        tensors = [p.data for p in params] + _state_tensors(optimizer, params, desc["state"])
+        _broadcast_tensors(ctx, tensors, source)
+        self.resyncs += 1
+
+
+def _describe(optimizer: torch.optim.Optimizer, params) -> str:
+    """The optimizer state's structure, per parameter: tensors by dtype, shape and place
+    (with the parameter, or on the host), plain numbers by value."""
+    out = []
+    for p in params:
+        entry = {}
+        for key, v in optimizer.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor):
+                entry[str(key)] = ["t", str(v.dtype), list(v.shape), v.device == p.device]
+            elif v is None or isinstance(v, (bool, int, float)) and (not isinstance(v, float) or math.isfinite(v)):
+                entry[str(key)] = ["v", v]
+            else:
+                raise UserError(f"optimizer state {key!r} ({type(v).__name__}) cannot be re-synchronised to a worker "
+                                "that rejoins the exchange; use BalanceConfig(leave=False) to keep every worker in "
+                                "every exchange")
+        out.append(entry)
+    return json.dumps({"numel": [p.numel() for p in params], "state": out})
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer, params, state: list) -> list[torch.Tensor]:
+    """This worker's state tensors in the order of `state` (the source's description),
+    made where missing or of another shape, and plain values set."""
+    tensors = []
+    for p, entry in zip(params, state):
+        mine = optimizer.state[p]
+        for key in [k for k in mine if str(k) not in entry]:
+            del mine[key]
+        for key, spec in entry.items():
+            if spec[0] == "v":
+                mine[key] = spec[1]
+                continue
+            dtype = _DTYPES.get(spec[1])
+            if dtype is None:
+                raise UserError(f"optimizer state {key!r} has dtype {spec[1]}, which re-synchronisation does not carry")
+            device = p.device if spec[3] else torch.device("cpu")
+            cur = mine.get(key)
+            if not (isinstance(cur, torch.Tensor) and cur.dtype == dtype and list(cur.shape) == spec[2]
+                    and cur.device == device):
+                mine[key] = cur = torch.zeros(spec[2], dtype=dtype, device=device)
+            tensors.append(cur)
+    return tensors
+
+
+def _broadcast_text(ctx, text: str, source: int) -> str:
+    data = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8) if text else torch.zeros(0, dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    _broadcast(ctx, size, source)
+    buf = data if ctx.rank == source else torch.zeros(int(size.item()), dtype=torch.uint8)
+    _broadcast(ctx, buf, source)
+    return bytes(buf.numpy()).decode()
+
+
+def _broadcast_tensors(ctx, tensors: list[torch.Tensor], source: int) -> None:
+    """One broadcast per dtype, over the host (CUDA tensors staged through it: this runs
+    only when a worker rejoins)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    with torch.no_grad():
+        for dtype, group in by_dtype.items():
+            if ctx.rank == source:
+                flat = torch.cat([t.detach().reshape(-1).cpu() for t in group])
+            else:
+                flat = torch.empty(sum(t.numel() for t in group), dtype=dtype)
+            if not flat.numel():
+                continue
+            _broadcast(ctx, flat.view(torch.uint8), source)
+            if ctx.rank != source:
+                at = 0
+                for t in group:
+                    t.copy_(flat[at: at + t.numel()].view(t.shape))
+                    at += t.numel()
+
+
+def _broadcast(ctx, t: torch.Tensor, source: int) -> None:
+    try:
+        dist.broadcast(t, src=source, group=ctx.worker_group)
+    except RuntimeError as err:
+        raise ctx.peer_error("re-synchronising the parameters of a worker that rejoins the exchange",
+                             [source], err) from None

@@ -1,0 +1,73 @@
+"""Workers that train on no sample leave the gradient exchange (hetrain.api.members): the
+others exchange among themselves, a worker that rejoins is re-synchronised first, and the
+result is one process's on the same samples, with summation servers or without."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import SCRIPTS, small_cluster
+
+sys.path.insert(0, str(SCRIPTS))
+from reference import GLOBAL_BATCH, single_process  # noqa: E402
+
+HERE = Path(__file__).parent / "scripts"
+sys.path.insert(0, str(HERE))
+from leave_exchange import SETS  # noqa: E402
+
+
+def _check(out: Path, workers: int = 3) -> None:
+    ref = single_process([torch.arange(s * GLOBAL_BATCH, (s + 1) * GLOBAL_BATCH) for s in range(len(SETS))])
+    for r in range(workers):
+        got = torch.load(out / f"rank{r}.pt")
+        # every worker ends with one process's parameters (those that sat out: brought up to date at the end)
+        for name, want in ref.items():
+            torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
+        steps_in = sum(r in s for s in SETS)
+        assert got["exchanges"] == steps_in and got["sat_out"] == len(SETS) - steps_in, got
+        # a worker out of a step's set put nothing on the wire in it, nor one alone in its set
+        assert got["moved"] == [r in s and len(s) > 1 for s in SETS], got["moved"]
+        # rejoins at step 4 (worker 2) and 6 (workers 0 and 2), and at the end (worker 1)
+        assert got["resyncs"] == 3, got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["allreduce", "byteps"])
+def test_left_workers_take_no_part_and_rejoin_resynchronised(launch, tmp_path, mode):
+    """A fixed schedule of exchange sets (all, two, all, one, two) over 8 steps: the
+    result equals one process on every step's 24 samples; with summation servers (byteps)
+    the steps without every worker do not wait for the servers, nor the servers hang."""
+    out = tmp_path / "params"
+    rc, log, _ = launch(str(HERE / "leave_exchange.py"), str(out), cluster=small_cluster(3, 1 if mode != "allreduce"
+                                                                                          else 0), mode=mode,
+                        timeout=30, limit=300)
+    assert rc == 0, log
+    _check(out)
+
+
+SLOW_THIRD = {"name": "t", "machines": [
+    {"name": "w0", "role": "worker", "device": {"speed": 1.0}},
+    {"name": "w1", "role": "worker", "device": {"speed": 0.5}},
+    {"name": "w2", "role": "worker", "device": {"speed": 0.04}}]}
+
+
+@pytest.mark.slow
+def test_a_balanced_worker_too_slow_to_help_leaves_and_rejoins_for_probes(launch, tmp_path):
+    """Through BalancedLoader: a worker 25x slower than the fastest gets a sliver of a share,
+    so it sits out and leaves the exchange; probes (every 2 steps here) bring it back for a
+    step or more, re-synchronised first. Every worker ends with one process's parameters."""
+    from tests.hps.test_hps_multiprocess import HPS, check_one_process_update
+
+    out = tmp_path / "params"
+    rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--probe-every=2", cluster=SLOW_THIRD,
+                        mode="allreduce", timeout=30, limit=300)
+    assert rc == 0, log
+    runs = check_one_process_update(out, "unequal", 0.0)
+    samples = runs[2]["trained"][:, 0].tolist()  # the slow worker's samples per step
+    out_steps = [k for k, n in enumerate(samples) if n == 0]
+    assert out_steps, samples  # it sat out ...
+    assert runs[2]["sat_out"] == len(out_steps) and runs[2]["exchanges"] == len(samples) - len(out_steps)
+    back = [k for k in range(out_steps[0], len(samples)) if samples[k] > 0]
+    assert back, samples  # ... and a probe brought it back, re-synchronised first (and at the end)
+    assert all(r["resyncs"] >= 1 + (samples[-1] == 0) for r in runs), [r["resyncs"] for r in runs]
