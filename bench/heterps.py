@@ -16,11 +16,14 @@ real sparse-PS traffic run underneath (docs/heterps-runtime.md).
     python bench/heterps.py --quick --json out.json
 
 `--real` measures the runtime on this host's real devices instead (a GPU and CPU workers
-of N threads; hetrain/pipeline/measure.py): it profiles the runtime's model on both,
-builds a catalogue of this host, plans exactly for a target, runs the plan (and the
-all-GPU and all-CPU plans) without padding and reports measured vs predicted
-throughput and cost, and the AUC of the pipeline vs one process. Without CUDA it exits
-0 saying so (`--cpu-dry-run` runs the flow with the CPU standing in for the GPU).
+of N threads; hetrain/pipeline/measure.py): it profiles the runtime's model on both at a
+few micro-batch sizes and keeps the fastest (a GPU is launch-bound at small ones),
+builds a catalogue of this host, runs the all-GPU and all-CPU plans as calibration (each
+type's measured cost beyond the profile), plans exactly on the calibrated profile for a
+target that needs the GPU where it helps, runs that plan without padding and reports
+measured vs predicted throughput (fill and drain included) and cost, and the AUC of the
+pipeline vs one process. Without CUDA it exits 0 saying so (`--cpu-dry-run` runs the
+flow with the CPU standing in for the GPU).
 
     PYTHONPATH=. python bench/heterps.py --real --json heterps_real.json
 """
@@ -72,9 +75,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps (still 3 repeats)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--target", type=float, default=None,
-                    help="throughput target of the plans (samples/s; 1000, or with --real half the best reachable)")
+                    help="throughput target of the plans (samples/s; 1000, or with --real one that needs the GPU where it "
+                         "helps: halfway between the CPUs alone and the best reachable)")
     ap.add_argument("--batch", type=int, default=None, help="global batch per step (2048; --real: 65536)")
-    ap.add_argument("--micro-batches", type=int, default=None, help="per step (64; --real: 32)")
+    ap.add_argument("--micro-batches", type=int, default=None, help="per step (64; --real: 32, also tried /4 and /16)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per plan (3; --real: 2)")
     ap.add_argument("--samples", type=float, default=1e8, help="samples in the priced training run")
     ap.add_argument("--auc-steps", type=int, default=None, help="steps of the AUC runs")

@@ -8,6 +8,7 @@ HeterPS's headline (14.5x throughput, 312.3% lower cost). Also times rl and exac
 200-layer transformer.
 
     python bench/plan.py --quick --json out.json
+    python bench/plan.py --quick --profiles out.json   # replay on the profiles out.json used
     python bench/plan.py --whole-job --quick --json out.json   # the whole-job section (bench/plan_job.py)
 """
 from __future__ import annotations
@@ -39,10 +40,24 @@ def fnum(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
-def profiles(models, cache: Path | None, quick: bool) -> dict[str, ModelProfile]:
+def profiles(models, source: Path | None, quick: bool) -> dict[str, ModelProfile]:
+    """The models' layer profiles: from `source` where given, else measured afresh on this
+    host. `source` is a results JSON of this bench (its `profiles`: a run replayed on the
+    profiles it used, so a planner's miss can be reproduced) or a folder of
+    `profile_<model>.json` files, filled with fresh profiles where one is missing."""
+    kept: dict = {}
+    if source is not None and source.suffix == ".json":
+        if not source.is_file():
+            raise SystemExit(f"--profiles {source}: no such file (give a results JSON of bench/plan.py or a folder)")
+        kept = json.loads(source.read_text()).get("profiles") or {}
+        missing = [m for m in models if m not in kept]
+        if missing:
+            raise SystemExit(f"--profiles {source}: no profiles of {missing} in it (it has {sorted(kept)}); "
+                             "pass --models with those it has")
+        return {m: ModelProfile.model_validate(kept[m]) for m in models}
     out = {}
     for m in models:
-        path = cache / f"profile_{m}.json" if cache else None
+        path = source / f"profile_{m}.json" if source else None
         if path is not None and path.is_file():
             out[m] = ModelProfile.load(path)
         else:
@@ -103,7 +118,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one repeat, fewer profile repeats")
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--profiles", default=None, help="folder to cache/reuse layer profiles")
+    ap.add_argument("--profiles", default=None,
+                    help="layer profiles to use instead of profiling afresh: a results JSON of this bench (replays "
+                         "the run on the profiles it used) or a folder to cache/reuse profile_<model>.json files")
     ap.add_argument("--models", default="ctr,cnn,transformer")
     ap.add_argument("--catalogues", default="aws,gcp")
     ap.add_argument("--whole-job", action="store_true",
@@ -187,7 +204,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"cases": cases, "rl_ratios": ratios, "headline": headline,
                                                "heterps_headline": HEADLINE, "timing_200_layers": timing,
-                                               "quick": args.quick}, indent=1))
+                                               "quick": args.quick, "profiles_from": args.profiles,
+                                               "profiles": {m: p.model_dump(mode="json") for m, p in profs.items()}},
+                                              indent=1))
         print(f"wrote {args.json}")
     return 0
 

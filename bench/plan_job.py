@@ -42,7 +42,9 @@ BATCH = 64
 # steps left out of each run's measured step time: start-up and the balancer settling
 # (it moves the shares from equal to balanced over its first steps); the planner predicts
 # the steady state, so the run is measured there (median of the later steps)
-WARMUP = 16
+# and an all-reduce job tries its bucket plans over its first 2 + 2·plans·5 steps
+# (comm/buckets.py: 22 for the CTR model's two), which the planner does not predict either
+WARMUP = 24
 
 
 def cluster(name: str, speeds, cpus: int, rate: str) -> dict:

@@ -18,7 +18,8 @@ workers finish together), whether gradients are pushed while backward still runs
     codec     = codec seconds per fp32 byte · gradient bytes (encode + decode, fitted)
     exposed   = comm + codec                                 (no overlap)
               = max(comm + codec − window · max_i compute_i, tail · (comm + codec) / pieces)   (overlap;
-                tail 0 for an all-reduce paced before its sends, `JobCluster.paced_before_send`)
+                tail 0 for an all-reduce paced before its sends, `JobCluster.paced_before_send`;
+                an all-reduce of one bucket hides nothing: it starts after backward, `allreduce_buckets`)
     step      = max_i compute_i + exposed + overhead
     memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
                 + b_i · activation bytes per sample kept for backward
@@ -45,6 +46,10 @@ SharePolicy = Literal["equal", "balanced"]
 Codec = Literal["fp32", "fp16", "int8", "int4"]
 CODEC_RATIO: dict[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int4": 0.125}
 COMM_MODES: tuple[str, ...] = ("allreduce", "byteps", "ps")
+# the runtime's default all-reduce buckets (PyTorch DDP's first_bucket_bytes_cap and
+# bucket_cap_mb, comm/buckets.py DDP_CAPS; perf stays free of comm)
+FIRST_BUCKET_BYTES = 2**20
+BUCKET_BYTES = 25 * 2**20
 SHARE_POLICIES: tuple[str, ...] = ("equal", "balanced")
 
 
@@ -95,6 +100,9 @@ class JobModel:
     grad_bytes: float               # dense gradient bytes per step (fp32)
     act_bytes_per_sample: float     # activation bytes kept for backward per sample
     state_factor: float = 3.0       # bytes per parameter byte: weights, gradients, momentum (SGD)
+    # fp32 gradient bytes per layer, input side first (the profile's layers; empty: unknown),
+    # which says how the all-reduce cuts its buckets (`allreduce_buckets`)
+    layer_grad_bytes: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,7 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
     pieces = int(np.ceil(nbytes / cluster.partition_bytes))
     tail = 0.0 if cand.mode == "allreduce" and cluster.paced_before_send else 1.0
     parts = {"compute": float(compute.max()), "window": cluster.overlap_window, "tail": tail,
+             "buckets": allreduce_buckets(model) if cand.mode == "allreduce" else 0,
              "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
              "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
     step, exposed = step_time(parts, cand, fitted)
@@ -251,6 +260,28 @@ def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch:
     why.append(f"compute {slowest * 1e3:.1f} ms (slowest worker), exchange {exposed * 1e3:.1f} ms"
                + (" after overlap" if cand.overlap else ""))
     return Prediction(cand, step, global_batch, shares, compute, exposed, memory, fits, price, "; ".join(why), parts)
+
+
+def allreduce_buckets(model: JobModel, first: float = FIRST_BUCKET_BYTES, cap: float = BUCKET_BYTES) -> int:
+    """How many buckets the runtime's all-reduce cuts the gradients into (comm/partition.py
+    `plan_buckets` at the profile's layer granularity: walked from the output side, a bucket
+    closes at a whole layer once it holds `first` bytes (the first one) or `cap`; a layer
+    over `cap` is cut into `cap`-sized pieces). Why it matters: a layout of one bucket can
+    start only once backward made its last gradient, so overlap hides none of it (the
+    runtime then sends it at step()); without layer sizes, one bucket where the whole
+    gradient fits the first cap."""
+    if not model.layer_grad_bytes:
+        return 1 if model.grad_bytes <= first else 2
+    count, held, limit = 0, 0.0, first
+    for nbytes in reversed(model.layer_grad_bytes):
+        if nbytes > cap:
+            count += (held > 0) + int(np.ceil(nbytes / cap))
+            held, limit = 0.0, cap
+            continue
+        held += nbytes
+        if held >= limit:
+            count, held, limit = count + 1, 0.0, cap
+    return max(1, count + (held > 0))
 
 
 def codec_work(cand: Candidate, model: JobModel, wbw: np.ndarray, cbw: np.ndarray) -> float:
@@ -271,7 +302,7 @@ def codec_work(cand: Candidate, model: JobModel, wbw: np.ndarray, cbw: np.ndarra
 def step_time(parts: dict, cand: Candidate, fitted: Fitted) -> tuple[float, float]:
     """(step seconds, exposed exchange seconds) from a candidate's nominal parts."""
     exposed = parts["comm"] / fitted.efficiency + parts["codec"] * fitted.codec_scale
-    if cand.overlap and exposed > 0:
+    if cand.overlap and exposed > 0 and parts.get("buckets", 2) != 1:
         last = parts.get("tail", 1.0) * exposed / max(1, fitted.partitions)
         exposed = max(exposed - parts["window"] * parts["compute"], last)
     return parts["compute"] + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0), exposed

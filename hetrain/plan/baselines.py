@@ -244,8 +244,9 @@ def deep_local_search(tables, w, assignment, rng: np.random.Generator, max_round
 def iterated_local_search(tables, w, assignment, rng: np.random.Generator, kicks: int = 60,
                           kick_moves: int = 3, **kw) -> tuple[np.ndarray, float]:
     """`deep_local_search` from `assignment`, then `kicks` times: perturb the best plan
-    by 1..kick_moves random moves from `neighbourhood` and descend again; keep the best."""
-    best, best_h = deep_local_search(tables, w, assignment, rng, **kw)
+    by 1..kick_moves random moves from `neighbourhood` and descend again; keep the best.
+    Every descent's plan also has all its boundaries placed at once (`realign`)."""
+    best, best_h = _descend(tables, w, assignment, rng, **kw)
     a0 = np.asarray(assignment, dtype=np.int64)
     for _ in range(kicks):
         x = (best if np.isfinite(best_h) else a0).copy()
@@ -253,7 +254,75 @@ def iterated_local_search(tables, w, assignment, rng: np.random.Generator, kicks
             C = neighbourhood(x, w.n_types, rng, 32)
             if len(C):
                 x = C[int(rng.integers(len(C)))]
-        b, bh = deep_local_search(tables, w, x, rng, **kw)
+        b, bh = _descend(tables, w, x, rng, **kw)
         if bh < best_h:
             best, best_h = b, bh
     return best, best_h
+
+
+def _descend(tables, w, start, rng, **kw) -> tuple[np.ndarray, float]:
+    """`deep_local_search` from `start`, then `realign` of what it reached."""
+    b, bh = deep_local_search(tables, w, start, rng, **kw)
+    r, rh = realign(tables, w, b)
+    return (r, rh) if rh < bh else (b, bh)
+
+
+def realign(tables, w, assignment, rounds: int = 24) -> tuple[np.ndarray, float]:
+    """The plan's sequence of stage types kept, every stage boundary placed at once: a
+    dynamic programme over boundaries, f_s(b) = min over b' of f_{s-1}(b') + cost of
+    layers b'..b-1 on the s-th type (every stage keeps at least one layer). Local search moves one or
+    two boundaries at a time; on long models (200 layers) the cheapest placement of a
+    given type sequence can need many moved together. Only the boundaries change, never
+    the sequence (which comes from the planner that calls it). A stage's cost is its $/h
+    (count limits per stage are in the stage tables); where a type repeats, the stages'
+    summed instances may exceed its count, so a price per instance of each over-used type
+    is added and raised (a Lagrangian relaxation, `rounds` times) until the placement
+    fits. Returns the cheapest feasible plan met, or the start if none is cheaper."""
+    a = np.asarray(assignment, dtype=np.int64)
+    best, best_h = a, float(score_assignments(tables, w, a[None])[0][0])
+    seq = a[np.concatenate([[0], np.flatnonzero(np.diff(a)) + 1])]
+    lam = np.zeros(w.n_types)
+    for _ in range(rounds):
+        out = _place(tables, seq, lam)
+        if out is None:
+            break
+        h, viol = score_assignments(tables, w, out[None])
+        if h[0] < best_h:
+            best, best_h = out, float(h[0])
+        if viol[0] == 0:
+            break
+        used = np.zeros(w.n_types)
+        bounds = np.concatenate([[0], np.flatnonzero(np.diff(out)) + 1, [len(out)]])
+        for i, j in zip(bounds[:-1], bounds[1:]):
+            used[out[i]] += tables.k[i, j, out[i]]
+        over = used > w.count
+        if not over.any():
+            break
+        lam = lam + np.where(over, 0.5 * w.price * (1.0 + lam / np.maximum(w.price, 1e-12)), 0.0)
+    return best, best_h
+
+
+def _place(tables, seq: np.ndarray, lam: np.ndarray) -> np.ndarray | None:
+    """Boundaries of the stage types `seq` at least cost, a stage costing its $/h plus
+    `lam` per instance of its type (None: no placement meets the target)."""
+    L = tables.n_layers
+    f = np.full(L + 1, np.inf)
+    f[0] = 0.0
+    back = []
+    lower = np.tril_indices(L + 1)
+    for t in seq:
+        k = tables.k[:, :, t]
+        cost = f[:, None] + tables.hourly[:, :, t] + lam[t] * np.where(np.isfinite(k), k, 0.0)  # [b', b]: b'..b-1
+        cost[lower] = np.inf                                                     # b' < b only
+        arg = np.argmin(cost, axis=0)
+        back.append(arg)
+        f = cost[arg, np.arange(L + 1)]
+    if not np.isfinite(f[L]):
+        return None
+    out = np.empty(L, dtype=np.int64)
+    b = L
+    for s in range(len(seq) - 1, -1, -1):
+        prev = int(back[s][b])
+        out[prev:b] = seq[s]
+        b = prev
+    return out

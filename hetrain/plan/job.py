@@ -49,7 +49,8 @@ def model_from_profile(profile) -> JobModel:
     data-parallel runtime) and stored activation bytes of a `ModelProfile`."""
     grad = float(sum(l.dense_param_bytes + l.sparse_param_bytes for l in profile.layers))
     acts = float(sum(l.stored_act_bytes for l in profile.layers))
-    return JobModel(profile.model, grad_bytes=grad, act_bytes_per_sample=acts)
+    layers = tuple(float(l.dense_param_bytes + l.sparse_param_bytes) for l in profile.layers)
+    return JobModel(profile.model, grad_bytes=grad, act_bytes_per_sample=acts, layer_grad_bytes=layers)
 
 
 def per_sample_on(profile, kind) -> float:

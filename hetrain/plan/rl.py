@@ -21,7 +21,11 @@ REINFORCE against the shared cost model.
   (`baselines.iterated_local_search`, `kicks=100`): steepest descent over retype-a-layer,
   move-a-stage-boundary-by-1,2,3,4,6,8,...-layers, repaint-runs-of-stages and
   random-segment moves, with a two-move lookahead when it stalls, then 100 times: perturb
-  the best plan by 1-3 random moves and descend again. Every candidate is scored with
+  the best plan by 1-3 random moves and descend again. After each descent (and each
+  periodic polish) `baselines.realign` keeps the plan's sequence of stage types and
+  places all its boundaries at once (a dynamic programme over boundaries: on 200 layers
+  the cheapest placement of a sequence can need many boundaries moved together, which
+  one- and two-move steps do not find). Every candidate is scored with
   the shared cost model; nothing here calls `exact`. `info.policy_hourly` is the best
   plan before the final polishes (it includes the periodic polish).
 * Seeded (torch.manual_seed + numpy Generator) and single-threaded.
@@ -34,7 +38,7 @@ import numpy as np
 
 from ..perf.pipeline import score_assignments
 from .base import Planner, Problem, register
-from .baselines import iterated_local_search, local_search
+from .baselines import iterated_local_search, local_search, realign
 
 
 class _Adam:
@@ -269,8 +273,7 @@ class RLPlanner(Planner):
     @staticmethod
     def _polish(tables, w, start, h, rng, current):
         """Local search from `start`; returns the better of it and (current, h)."""
-        b = local_search(tables, w, start, rng)
-        bh, bv = score_assignments(tables, w, b[None])
-        if np.isfinite(bh[0]) and bv[0] == 0 and bh[0] < h:
-            return b, float(bh[0])
+        b, bh = realign(tables, w, local_search(tables, w, start, rng))
+        if np.isfinite(bh) and bh < h:
+            return b, float(bh)
         return current, h

@@ -57,7 +57,8 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
         server = g / k if cand.mode == "ps" else max(byteps_split(n, k, g))
         codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
     exposed = comm + codec
-    if cand.overlap:
+    one_bucket = cand.mode == "allreduce" and model.grad_bytes <= 2**20  # starts after backward: nothing hidden
+    if cand.overlap and not one_bucket:
         paced = cand.mode == "allreduce" and cluster.paced_before_send  # no bucket left after backward
         exposed = max(exposed - cluster.overlap_window * compute, 0.0 if paced else exposed / fitted.partitions)
     return compute + exposed + fitted.overhead_s + (fitted.overlap_s if cand.overlap else 0.0)
@@ -147,15 +148,43 @@ def test_fit_overhead_from_an_overlapped_all_reduce_alone():
 
 
 def test_rate_limited_all_reduce_leaves_no_bucket_after_backward():
-    """Paced before its sends (the in-process limiter), an overlapped all-reduce hides all
-    of its exchange behind a longer compute; on real links its last piece stays exposed."""
-    workers = (JobWorker("a", 1e-2, 1e7), JobWorker("b", 1e-2, 1e7))
-    model = JobModel("m", grad_bytes=1e6, act_bytes_per_sample=0.0)  # ring: 1e6 B at 1e7 B/s = 0.1 s
+    """Paced before its sends (the in-process limiter), an overlapped all-reduce of several
+    buckets hides all of its exchange behind a longer compute; on real links its last piece
+    stays exposed."""
+    workers = (JobWorker("a", 1e-2, 2.5e7), JobWorker("b", 1e-2, 2.5e7))
+    # two buckets (1.25 MB each, over DDP's 1 MiB first cap); ring: 2.5e6 B at 2.5e7 B/s = 0.1 s
+    model = JobModel("m", grad_bytes=2.5e6, act_bytes_per_sample=0.0, layer_grad_bytes=(1.25e6, 1.25e6))
     cand = Candidate("allreduce", "equal", True, "fp32")
     paced = predict(cand, model, JobCluster(workers, overlap_window=1.0, paced_before_send=True), 40)
     real = predict(cand, model, JobCluster(workers, overlap_window=1.0), 40)
     assert paced.step_s == pytest.approx(0.2)  # compute 20 x 10 ms; the 0.1 s exchange hidden
     assert real.step_s == pytest.approx(0.2 + 0.1 / Fitted().partitions)
+
+
+def test_one_bucket_all_reduce_hides_nothing():
+    """Gradients that fit one all-reduce bucket start only once backward made the last of
+    them (the runtime then sends them at step()), so overlap hides none of the exchange,
+    paced or not; a server mode's overlap is unchanged."""
+    workers = (JobWorker("a", 1e-2, 1e7), JobWorker("b", 1e-2, 1e7))
+    model = JobModel("m", grad_bytes=1e6, act_bytes_per_sample=0.0, layer_grad_bytes=(4e5, 6e5))
+    cand = Candidate("allreduce", "equal", True, "fp32")
+    for cluster in (JobCluster(workers, overlap_window=1.0, paced_before_send=True), JobCluster(workers)):
+        p = predict(cand, model, cluster, 40)
+        assert p.step_s == pytest.approx(0.2 + 0.1) and p.comm_s == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", ["ctr-small", "transformer-small", "cnn-small"])
+def test_bucket_count_is_the_runtimes(name):
+    """The cost model's bucket count from the profile's layers is the runtime's (DDP's caps
+    over the model's tensors, comm/buckets.py)."""
+    from hetrain.comm.buckets import DDP_CAPS
+    from hetrain.models.zoo import build_model
+    from hetrain.perf.job import allreduce_buckets
+
+    model = build_model(name)
+    numels = [p.numel() for p in model.parameters()]
+    profile = profile_model(model, batch=2, repeats=1)
+    assert allreduce_buckets(model_from_profile(profile)) == len(DDP_CAPS.plan(numels))
 
 
 CLUSTER = """name: tiny
