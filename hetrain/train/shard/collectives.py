@@ -1,0 +1,56 @@
+"""The collectives of sharded data parallelism on torch.distributed, written for gloo too.
+
+gloo has no reduce-scatter and no uneven all-gather, so both are built from the
+primitives it has, each writing in place into a slice of one flat buffer (no padding,
+no extra copy):
+
+- reduce to owners: one `dist.reduce` per owner of its span (the owner ends with the
+  sum of that span; the other workers' slices are scratch);
+- gather from owners: one `dist.broadcast` per owner of its span into the full buffer.
+
+All return the asynchronous works so the caller can overlap them with compute (the
+next unit's forward, the rest of backward) and wait only where the data is needed.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def global_ranks(group, n: int) -> list[int]:
+    """The global rank of each of the group's `n` members (the group None: the default one)."""
+    if group is None:
+        return list(range(n))
+    return [dist.get_global_rank(group, i) for i in range(n)]
+
+
+def reduce_to_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
+                     group=None) -> list:
+    """Sum `flat` over the workers, each span landing on its owner (in place)."""
+    works = []
+    for (s, e), owner in zip(spans, ranks):
+        if e > s:
+            works.append(dist.reduce(flat[s:e], dst=owner, op=dist.ReduceOp.SUM, group=group, async_op=True))
+    return works
+
+
+def gather_from_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
+                       group=None) -> list:
+    """Fill `flat` with every owner's span (the caller has put its own span in place)."""
+    works = []
+    for (s, e), owner in zip(spans, ranks):
+        if e > s:
+            works.append(dist.broadcast(flat[s:e], src=owner, group=group, async_op=True))
+    return works
+
+
+def all_reduce(flat: torch.Tensor, group=None) -> list:
+    return [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)]
+
+
+def wait(works: list) -> None:
+    for w in works:
+        w.wait()
+    works.clear()
