@@ -220,6 +220,16 @@ class ShardedOptimizer:
         for u in self.units:
             u.ensure_gathered()
 
+    def save(self, directory) -> None:
+        """A checkpoint of this worker's spans, loadable on any number of workers."""
+        from .checkpoint import save
+        save(self, directory)
+
+    def load(self, directory) -> None:
+        """Load a checkpoint `save` wrote, on this job's workers and spans (resharded)."""
+        from .checkpoint import load
+        load(self, directory)
+
     @property
     def param_groups(self):
         return self.optimizer.param_groups
