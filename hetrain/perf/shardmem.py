@@ -10,7 +10,7 @@ of every unit's elements (its *memory weight*) and b_i samples of the batch:
     parameters          N·p          N·p          N·p            f·N·p + 2·U·p   (own span + gathered unit and the one prefetched)
     gradients           N·p          N·p          f·N·p + 3·U·p  f·N·p + 3·U·p   (owned span + one unit's grads, its flat copy and the one being reduced)
     optimizer state     N·s          f·N·s        f·N·s          f·N·s
-    optimizer scratch   N·p          f·N·p        f·N·p          f·N·p           (the step's temporaries, one shard wide)
+    optimizer scratch   2·U·p        2·f·U·p      2·f·U·p        2·f·U·p         (the step's temporaries: one tensor's, two wide)
     communication       U·p          U·p          (in gradients) (in gradients)  (stage 0/1: one unit's flat gradient)
     activations         b·a          b·a          b·a            b·a
     build               -            -            -              N·p + U·p       (the full model before it is sharded)
@@ -74,7 +74,7 @@ def memory_items(model: ShardModel, stage: int, share: float, batch: float) -> d
         "parameters": n * p if stage < 3 else f * n * p + 2 * u * p,
         "gradients": n * p if stage < 2 else f * n * p + 3 * u * p,
         "optimizer state": f * n * s,
-        "optimizer scratch": f * n * p,
+        "optimizer scratch": 2 * f * u * p,
         "communication": u * p if stage < 2 else 0.0,
         "activations": float(batch) * model.act_bytes_per_sample,
     }
@@ -96,8 +96,8 @@ def whole_bytes(model: ShardModel, stage: int, batch: float) -> float:
 
 
 def sharded_bytes(model: ShardModel, stage: int) -> float:
-    """The bytes split among the workers (f = 1): per element s + p, + p from stage 2, + p at 3."""
-    per = model.state_bytes_per_elem + model.elem_bytes * (1 + (stage >= 2) + (stage >= 3))
+    """The bytes split among the workers (f = 1): per element s, + p from stage 2, + p at 3."""
+    per = model.state_bytes_per_elem + model.elem_bytes * ((stage >= 2) + (stage >= 3))
     return float(model.numel * per) if stage > 0 else 0.0
 
 

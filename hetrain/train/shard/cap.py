@@ -38,14 +38,15 @@ def _status_kib(field: str) -> float:
 
 class MemoryCap:
     def __init__(self, cap_bytes: float, device: torch.device | str = "cpu", name: str = "") -> None:
-        if cap_bytes <= 0:
+        if not cap_bytes > 0:
             raise UserError(f"a memory cap of {cap_bytes} bytes cannot hold anything; give a positive size")
         self.cap_bytes = float(cap_bytes)
         self.device = torch.device(device)
         self.name = name or str(self.device)
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.cap_bytes / total), self.device)
+            if self.cap_bytes < total:
+                torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total, self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = float(torch.cuda.memory_allocated(self.device))
         else:

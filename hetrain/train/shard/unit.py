@@ -38,7 +38,7 @@ class FlatUnit:
                 self.flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
                 p.data = self.flat[off:off + p.numel()].view(p.shape)
         if len(ranks) > 1:  # every worker starts from the same values (rank 0's), as DDP does
-            torch.distributed.broadcast(self.flat, src=ranks[0], group=group)
+            C.broadcast_from(self.flat, ranks[0], group)
         s, e = self.layout.span(rank)
         own = self.flat[s:e].clone() if stage == 3 else self.flat[s:e]
         self.shard = nn.Parameter(own, requires_grad=False)
