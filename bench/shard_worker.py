@@ -5,8 +5,8 @@ from the same seed each time), each under this worker's memory cap (`MemoryCap`,
 started before the model is built): hetrain's sharding (`hetrain.shard`, the stage,
 batch shares and memory weights the planner chose), PyTorch's ZeroRedundancyOptimizer
 over DDP (stage 1, even shards, even batch) and FSDP2's `fully_shard` (per Linear, then
-the root; even shards, even batch). Rank 0 writes per-system step times and every
-worker's measured peak bytes as JSON.
+the root; even shards, even batch). Systems take turns (`--repeats`); rank 0 writes
+per-system step times and every worker's measured peak bytes, per repeat, as JSON.
 """
 from __future__ import annotations
 
@@ -44,12 +44,17 @@ def _floats(s: str) -> tuple[float, ...]:
 def run_system(system: str, a, ctx, emu: EmulatedDevice, cap: MemoryCap) -> dict:
     rank, n = hetrain.rank(), hetrain.size()
     device = hetrain.device()
-    model = make_model(a.width, a.depth, device)
     if system == "hetrain":
+        # built on the host, sharded onto the device unit by unit (a GPU below the replica)
+        model = make_model(a.width, a.depth, "cpu")
         batch = _ints(a.batch)[rank]
         opt = shard(model, torch.optim.Adam(model.parameters(), lr=1e-3),
-                    ShardConfig(stage=a.stage, weights=_floats(a.weights)), cap=cap)
+                    ShardConfig(stage=a.stage, weights=_floats(a.weights)), cap=cap, device=device)
         net = model
+    else:
+        model = make_model(a.width, a.depth, device)
+    if system == "hetrain":
+        pass
     elif system == "zero1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -110,25 +115,29 @@ def main() -> None:
     p.add_argument("--weights", required=True, help="hetrain's memory weights per worker")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--cost", type=float, default=0.02, help="seconds per sample at speed 1")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of a CPU worker")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     ctx = hetrain.init()
     rank = hetrain.rank()
     machine = ctx.topology.proc(rank).machine
     emu = EmulatedDevice(machine.device, machine.name, ctx.env.run_dir, cost_per_sample=a.cost)
-    results = {}
-    for system in a.systems.split(","):
+    results: dict[str, list] = {}
+    systems = a.systems.split(",")
+    for system in systems:
         # the same code on a tiny model first: the libraries' code pages it touches and the
         # process groups' first buffers are resident before the cap starts measuring
         tiny = argparse.Namespace(**{**vars(a), "width": 16, "depth": 2, "steps": 2, "cost": 0.0})
         run_system(system, tiny, ctx, EmulatedDevice(machine.device, machine.name),
                    MemoryCap(float("inf"), hetrain.device()))
-        gc.collect()
-        cap = MemoryCap(machine.device.memory, hetrain.device(), name=machine.name)
-        try:
-            results[system] = run_system(system, a, ctx, emu, cap)
-        finally:
+    # repeats interleave the systems, so a change in the host's load hits them alike
+    for _rep in range(a.repeats):
+        for system in systems:
+            gc.collect()
+            cap = MemoryCap(machine.device.memory, hetrain.device(), name=machine.name)
+            results.setdefault(system, []).append(run_system(system, a, ctx, emu, cap))
             del cap
     mine = json.dumps({"machine": machine.name, "results": results})
     every = hetrain.allgather_object(mine)

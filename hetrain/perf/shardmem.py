@@ -62,6 +62,7 @@ class ShardWorker:
     memory: float                 # bytes this worker may use for training (its cap)
     per_sample_s: float           # compute seconds per sample
     bandwidth: float = 1e9        # bytes/s each way reached by the collectives
+    builds_elsewhere: bool = False  # the model is built on the host and sharded onto this device
 
 
 def memory_items(model: ShardModel, stage: int, share: float, batch: float) -> dict[str, float]:
@@ -81,18 +82,21 @@ def memory_items(model: ShardModel, stage: int, share: float, batch: float) -> d
     return {k: float(v) for k, v in items.items()}
 
 
-def build_bytes(model: ShardModel, stage: int) -> float:
-    """The peak while a stage-3 model is sharded: the whole model plus one flat unit."""
-    return float((model.numel + model.largest_unit) * model.elem_bytes) if stage == 3 else 0.0
+def build_bytes(model: ShardModel, stage: int, elsewhere: bool = False) -> float:
+    """The peak while a stage-3 model is sharded: the whole model plus one flat unit (a
+    model built elsewhere and sharded onto this device: one unit and its span)."""
+    if stage != 3:
+        return 0.0
+    return float((model.largest_unit if elsewhere else model.numel) + model.largest_unit) * model.elem_bytes
 
 
-def peak_bytes(model: ShardModel, stage: int, share: float, batch: float) -> float:
-    return max(sum(memory_items(model, stage, share, batch).values()), build_bytes(model, stage))
+def peak_bytes(model: ShardModel, stage: int, share: float, batch: float, elsewhere: bool = False) -> float:
+    return max(sum(memory_items(model, stage, share, batch).values()), build_bytes(model, stage, elsewhere))
 
 
-def whole_bytes(model: ShardModel, stage: int, batch: float) -> float:
+def whole_bytes(model: ShardModel, stage: int, batch: float, elsewhere: bool = False) -> float:
     """What a worker holds whatever its share (all but the share-proportional items)."""
-    return peak_bytes(model, stage, 0.0, batch) if stage > 0 else peak_bytes(model, 0, 1.0, batch)
+    return peak_bytes(model, stage, 0.0 if stage > 0 else 1.0, batch, elsewhere)
 
 
 def sharded_bytes(model: ShardModel, stage: int) -> float:
@@ -164,7 +168,7 @@ def plan_stage(model: ShardModel, workers: Sequence[ShardWorker], global_batch: 
     if stage == 0 or even:
         weights = [1.0] * n
     else:
-        whole = [whole_bytes(model, stage, b) for b in batch]
+        whole = [whole_bytes(model, stage, b, w.builds_elsewhere) for b, w in zip(batch, workers)]
         try:
             weights = shares_by_memory([w.memory for w in workers], [0.0] * n, whole)
         except UserError:
@@ -172,7 +176,7 @@ def plan_stage(model: ShardModel, workers: Sequence[ShardWorker], global_batch: 
     total = sum(weights)
     shares = [w / total for w in weights]
     items = tuple(memory_items(model, stage, f, b) for f, b in zip(shares, batch))
-    peak = tuple(peak_bytes(model, stage, f, b) for f, b in zip(shares, batch))
+    peak = tuple(peak_bytes(model, stage, f, b, w.builds_elsewhere) for f, b, w in zip(shares, batch, workers))
     compute = max(b * w.per_sample_s for b, w in zip(batch, workers))
     comm = comm_bytes(model, stage, n) / min(w.bandwidth for w in workers) if n > 1 else 0.0
     return ShardPlan(stage, tuple(int(b) for b in batch), tuple(float(w) for w in weights), peak, items,

@@ -13,17 +13,20 @@ from .config import ShardConfig
 from .sharded import ShardedOptimizer
 
 
-def shard(model, optimizer, config: ShardConfig | None = None, group=None, cap: MemoryCap | None = None
-          ) -> ShardedOptimizer:
+def shard(model, optimizer, config: ShardConfig | None = None, group=None, cap: MemoryCap | None = None,
+          device=None) -> ShardedOptimizer:
     """Shard `model`'s training state over the job's workers (after `hetrain.init()`;
-    in a plain torch.distributed job, over `group`); returns the optimizer to step."""
+    in a plain torch.distributed job, over `group`); returns the optimizer to step.
+    `cap`: hold this worker to a memory cap (start it before building the model).
+    `device`: move the parameters there unit by unit (a model built on the host for a
+    GPU smaller than its replica); unset: where they are. Buffers are not moved."""
     import torch.distributed as dist
 
     if group is None and dist.is_available() and dist.is_initialized():
         from ...runtime import context
         ctx = context._CTX  # hetrain.init() ran: its workers' group (summation servers left out)
         group = getattr(ctx, "worker_group", None) if ctx is not None else None
-    return ShardedOptimizer(model, optimizer, config or ShardConfig(), group=group, cap=cap)
+    return ShardedOptimizer(model, optimizer, config or ShardConfig(), group=group, cap=cap, device=device)
 
 
 __all__ = ["MemoryCap", "MemoryCapError", "ShardConfig", "ShardedOptimizer", "shard"]

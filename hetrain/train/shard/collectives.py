@@ -43,6 +43,8 @@ def _staged(flat: torch.Tensor, run) -> list:
 def reduce_to_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
                      group=None) -> list:
     """Sum `flat` over the workers, each span landing on its owner (in place)."""
+    if len(ranks) == 1:  # a one-worker job: nothing to exchange
+        return []
     if _host_staged(flat, group):
         return _staged(flat, lambda h: reduce_to_owners(h, spans, ranks, group))
     works = []
@@ -55,6 +57,8 @@ def reduce_to_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks
 def gather_from_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
                        group=None) -> list:
     """Fill `flat` with every owner's span (the caller has put its own span in place)."""
+    if len(ranks) == 1:
+        return []
     if _host_staged(flat, group):
         return _staged(flat, lambda h: gather_from_owners(h, spans, ranks, group))
     works = []
@@ -73,6 +77,8 @@ def broadcast_from(flat: torch.Tensor, src: int, group=None) -> None:
 
 
 def all_reduce(flat: torch.Tensor, group=None) -> list:
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return []
     if _host_staged(flat, group):
         return _staged(flat, lambda h: all_reduce(h, group))
     return [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True)]

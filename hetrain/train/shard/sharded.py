@@ -68,7 +68,7 @@ class ShardedOptimizer:
     workers can load (train/shard/checkpoint.py)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: ShardConfig,
-                 group=None, cap: MemoryCap | None = None) -> None:
+                 group=None, cap: MemoryCap | None = None, device: torch.device | str | None = None) -> None:
         self.model, self.config, self.group, self.cap = model, config, group, cap
         self.stage = config.stage
         on = dist.is_available() and dist.is_initialized()
@@ -76,9 +76,9 @@ class ShardedOptimizer:
         self.rank = dist.get_rank(group) if on else 0
         self.ranks = C.global_ranks(group, self.size)
         units = _units(model)
-        self.weights = self._weights([sum(p.numel() for p in ps) for _, _, ps in units],
-                                     units[0][2][0].device)
-        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage)
+        device = torch.device(device) if device is not None else units[0][2][0].device
+        self.weights = self._weights([sum(p.numel() for p in ps) for _, _, ps in units], device)
+        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage, device)
                       for name, mod, ps in units]
         self.optimizer = _rebuild(optimizer, [u.shard for u in self.units])
         self._batch, self._total = 1, self.size

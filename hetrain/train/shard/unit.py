@@ -23,7 +23,7 @@ from .layout import UnitLayout
 
 class FlatUnit:
     def __init__(self, name: str, module: nn.Module, params: list[nn.Parameter], weights, rank: int,
-                 ranks: list[int], group, stage: int) -> None:
+                 ranks: list[int], group, stage: int, device: torch.device | None = None) -> None:
         dtypes = {(p.dtype, p.device) for p in params}
         if len(dtypes) != 1:
             raise UserError(f"unit {name!r} mixes dtypes/devices {sorted(map(str, dtypes))}; shard needs one dtype "
@@ -32,11 +32,15 @@ class FlatUnit:
         self.layout = UnitLayout.build(name, [tuple(p.shape) for p in params], weights)
         self.rank, self.ranks, self.group, self.stage = rank, ranks, group, stage
         p0 = params[0]
-        self.flat = torch.empty(self.layout.numel, dtype=p0.dtype, device=p0.device)
+        # `device`: where the unit lives from now on (a model built on the host, sharded onto
+        # a GPU smaller than its replica: only one unit is ever whole there)
+        self.flat = torch.empty(self.layout.numel, dtype=p0.dtype, device=device or p0.device)
         with torch.no_grad():
             for p, off in zip(params, self.layout.offsets):
                 self.flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
                 p.data = self.flat[off:off + p.numel()].view(p.shape)
+                if p.grad is not None:
+                    p.grad = None
         if len(ranks) > 1:  # every worker starts from the same values (rank 0's), as DDP does
             C.broadcast_from(self.flat, ranks[0], group)
         s, e = self.layout.span(rank)
@@ -48,6 +52,8 @@ class FlatUnit:
         self.pending = 0            # parameters whose gradient this backward has not accumulated yet
         if stage == 3:
             self.release()
+            if self.flat.device.type == "cuda":  # the released blocks back to the cap, not the cache
+                torch.cuda.empty_cache()
 
     # ---- parameters -------------------------------------------------------------------
     @property
