@@ -86,3 +86,31 @@ def test_planner_refuses_a_plan_that_fits_nowhere_naming_item_and_worker():
     msg = str(err.value)
     assert "worker t4" in msg and "stage 3" in msg and "largest item is" in msg
     assert "has 20.0 MiB" in msg
+
+
+def _cluster_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: mixed\nmachines:\n"
+                 "  - {name: big, role: worker, device: {speed: 1.0, memory: 150MiB}}\n"
+                 "  - {name: small, role: worker, device: {speed: 0.4, memory: 45MiB}}\n")
+    return str(f)
+
+
+def test_shard_plan_command_shows_the_choice(tmp_path, capsys):
+    from hetrain.cli import main
+
+    assert main(["shard-plan", "--cluster", _cluster_file(tmp_path), "--units", "590592x8,7690",
+                 "--global-batch", "48"]) == 0
+    out = capsys.readouterr().out
+    assert "the fastest that fits every worker" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("big", "small"))}
+    assert float(rows["small"][2]) < float(rows["big"][2])          # the small worker's share is smaller
+    assert float(rows["small"][3]) <= float(rows["small"][4])       # its predicted peak fits its cap
+
+
+def test_shard_plan_command_refuses_with_the_named_message(tmp_path, capsys):
+    from hetrain.cli import main
+
+    assert main(["shard-plan", "--cluster", _cluster_file(tmp_path), "--units", "59059200x8"]) == 2
+    err = capsys.readouterr().err
+    assert "no sharding plan fits" in err and "worker small" in err and "largest item is" in err
