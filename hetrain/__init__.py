@@ -14,6 +14,10 @@ Horovod and BytePS scripts run with their import line changed (`import hetrain a
 the collectives, DistributedOptimizer's options and Horovod Elastic's names are here
 (docs/porting.md lists every name and its status).
 
+Models larger than the smallest device: `hetrain.shard(model, optimizer,
+hetrain.ShardConfig(stage=3))` shards parameters, gradients and optimizer state unevenly,
+by each worker's memory (docs/sharding.md).
+
 Elastic training (restart from the last commit, Horovod-style): `hetrain.elastic.State`
 or `hetrain.elastic.TorchState`, `@hetrain.elastic.run` (the module `hetrain.elastic`).
 """
@@ -35,6 +39,7 @@ _API = {"alltoall_async", "reducescatter_async", "grouped_allgather", "grouped_a
         "nccl_built", "poll", "push_pull", "push_pull_async", "push_pull_inplace", "rank", "reducescatter",
         "resume", "rocm_built", "shutdown", "size", "suspend", "synchronize"}
 _TRAIN = {"BalancedLoader", "BalancedBatchSampler"}
+_SHARD = {"shard", "ShardConfig", "MemoryCap"}  # sharded data parallelism (hetrain/train/shard/)
 
 # Horovod and BytePS names hetrain does not provide, with what to use instead
 _INSTEAD = {
@@ -63,7 +68,7 @@ def _nearest(name: str) -> str:
         return _INSTEAD[name]
     import difflib
 
-    close = difflib.get_close_matches(name, sorted(_API | _TRAIN | {"elastic"}), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name, sorted(_API | _TRAIN | _SHARD | {"elastic"}), n=3, cutoff=0.6)
     if close:
         return "the nearest hetrain calls: " + ", ".join(f"hetrain.{c}" for c in close)
     return "see docs/porting.md for the Horovod and BytePS names hetrain provides"
@@ -76,6 +81,9 @@ def __getattr__(name: str):
     if name in _TRAIN:
         from .train import loader
         return getattr(loader, name)
+    if name in _SHARD:
+        import importlib
+        return getattr(importlib.import_module("hetrain.train.shard"), name)
     if name == "elastic":
         import importlib
         return importlib.import_module("hetrain.elastic")
@@ -84,4 +92,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hetrain' has no attribute {name!r}; {_nearest(name)}")
 
 
-__all__ = sorted(_API | _TRAIN | {"elastic"})
+__all__ = sorted(_API | _TRAIN | _SHARD | {"elastic"})

@@ -18,6 +18,7 @@ _AREAS = (
     "hetrain.sched.cli",     # schedule
     "hetrain.pipeline.cli",  # train --plan
     "hetrain.train.cli",     # report
+    "hetrain.train.shard.cli",  # shard-plan
 )
 
 
