@@ -4,7 +4,7 @@
 # plus CPU workers. Each step has its own time limit, so a hang costs one step, not the run;
 # logs and JSON land in $OUT (default ./gpu-out), one line per step in $OUT/summary.txt.
 #
-#   bash bench/gpu_campaign.sh [STEP ...]     # steps: env tests sanitizer gpubench demo hetero heterps
+#   bash bench/gpu_campaign.sh [STEP ...]     # steps: env tests sanitizer gpubench demo hetero heterps pushpull shard
 #
 # On a machine without pydantic, wheels in .whl/ are installed first (no network needed).
 set -u
@@ -59,6 +59,10 @@ for s in "${steps[@]}"; do
             --png /tmp/hetero_real_shares.png ;;
     heterps)
         step heterps_real 150 "$OUT/bench.log" "$PY" bench/heterps.py --real --quick --json "$OUT/heterps_real.json" ;;
+    pushpull)  # push_pull of 100M parameters from CUDA against the pinned copies of the same run
+        step cuda_push_pull 120 "$OUT/bench.log" "$PY" bench/cuda_push_pull.py --json "$OUT/cuda_push_pull.json" ;;
+    shard)  # a GPU capped below the model's replica size, training beside CPU workers
+        step shard_gpu 120 "$OUT/bench.log" "$PY" bench/shard.py --gpu --quick --json "$OUT/shard_gpu.json" ;;
     *) echo "unknown step $s" >>"$OUT/summary.txt" ;;
     esac
 done
