@@ -36,6 +36,7 @@ Lightning's strategy registry when this module is imported.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -90,8 +91,6 @@ class HetrainEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect() -> bool:
-        import os
-
         return "HETRAIN_RANK" in os.environ
 
     def world_size(self) -> int:
@@ -305,8 +304,6 @@ class HetrainStrategy(ParallelStrategy):
             persistent_workers=dl.persistent_workers if workers else False, pin_memory_device=dl.pin_memory_device)
 
     def _seed(self) -> int:
-        import os
-
         return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def _first_optimizer(self):

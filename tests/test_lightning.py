@@ -2,12 +2,13 @@
 launcher: per-worker shares follow the emulated speeds, and the weights after two
 epochs equal one process's on the same global batches."""
 import importlib.util
+import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.helpers import SCRIPTS
+from tests.helpers import SCRIPTS, repo_env
 
 sys.path.insert(0, str(SCRIPTS))
 from reference import GLOBAL_BATCH, single_process  # noqa: E402
@@ -25,7 +26,7 @@ def cluster(speeds: list[float], cpus: int) -> dict:
             + [{"name": f"c{j}", "role": "cpu"} for j in range(cpus)]}
 
 
-def check_run(out, speeds: list[float], strategy: str) -> torch.Tensor:
+def check_run(out, speeds: list[float], strategy: str = "HetrainStrategy") -> torch.Tensor:
     """Every worker ended with one process's parameters on the same global batches,
     agreed on every share, trained each sample of each step once; returns the shares."""
     n = len(speeds)
@@ -50,6 +51,19 @@ def check_run(out, speeds: list[float], strategy: str) -> torch.Tensor:
     assert all(torch.equal(r["sizes"], sizes) for r in runs)  # every worker agreed on every share
     assert torch.all(sizes.sum(1) == GLOBAL_BATCH)
     return sizes
+
+
+@pytest.mark.slow
+def test_trainer_in_one_plain_process(tmp_path):
+    """`python train.py` without the launcher is a one-worker job: the Trainer runs
+    strategy="hetrain" and the closure Lightning passes to optimizer.step runs its
+    backward before the (one-worker) exchange, so the update is plain SGD's."""
+    out = tmp_path / "params"
+    run = subprocess.run([sys.executable, str(SCRIPTS / "lightning_train.py"), str(out), "--by-name"],
+                         env=repo_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sizes = check_run(out, [1.0])
+    assert sizes.flatten().tolist() == [GLOBAL_BATCH] * len(sizes)
 
 
 @pytest.mark.slow

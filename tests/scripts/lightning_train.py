@@ -1,8 +1,10 @@
 """Train the reference model with Lightning's Trainer under HetrainStrategy for two
 epochs (a last partial batch each) on emulated devices of the cluster file's speeds;
 save the parameters, the shares used and each step's trained batch size.
---by-name: Trainer(strategy="hetrain") (Lightning's strategy registry)."""
+--by-name: Trainer(strategy="hetrain") (Lightning's strategy registry). Run without the
+launcher (`python lightning_train.py OUT`), it is a one-worker job at speed 1."""
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import lightning as L  # slow imports before joining the job
@@ -23,7 +25,7 @@ out = Path(sys.argv[1])
 
 
 class Reference(L.LightningModule):
-    def __init__(self, emulated: EmulatedDevice):
+    def __init__(self, emulated: EmulatedDevice | None):
         super().__init__()
         self.net = make_model()
         self.emulated = emulated
@@ -34,7 +36,7 @@ class Reference(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        with self.emulated.compute(len(x)):
+        with self.emulated.compute(len(x)) if self.emulated else nullcontext():
             loss = F.cross_entropy(self.net(x), y)
         self.trained.append(len(x))
         self.log("train_loss", loss, sync_dist=True, batch_size=len(x))
@@ -65,8 +67,8 @@ class Data(L.LightningDataModule):
 strategy = "hetrain" if "--by-name" in sys.argv else HetrainStrategy()
 ctx = hetrain.init()
 rank = hetrain.rank()
-machine = ctx.topology.proc(rank).machine
-module = Reference(EmulatedDevice(machine.device, machine.name, cost_per_sample=COST))
+machine = ctx.topology.proc(rank).machine if ctx.topology else None
+module = Reference(EmulatedDevice(machine.device, machine.name, cost_per_sample=COST) if machine else None)
 trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False,
                     default_root_dir=str(out / "lightning"), enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(module, datamodule=Data())
@@ -76,7 +78,7 @@ torch.save({"params": {k.removeprefix("net."): v.detach().cpu().clone() for k, v
             "sizes": torch.tensor([list(s) for s in sampler.balancer.history]),
             "orders": [torch.from_numpy(sampler.sampler.order(e)) for e in range(EPOCHS)],
             "trained": torch.tensor(module.trained), "spreads": sampler.spreads,
-            "rows": None if sampler.last_rows is None else torch.from_numpy(sampler.last_rows), "speed": module.emulated.last_speed,
+            "rows": None if sampler.last_rows is None else torch.from_numpy(sampler.last_rows), "speed": module.emulated.last_speed if module.emulated else 1.0,
             "world": trainer.world_size, "global_step": trainer.global_step,
             "strategy": type(trainer.strategy).__name__,
             "val_loss": float(trainer.callback_metrics["val_loss"])}, out / f"rank{rank}.pt")
