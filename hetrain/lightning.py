@@ -219,7 +219,7 @@ class HetrainStrategy(ParallelStrategy):
         _signals_on_workers(trainer)
         super().setup(trainer)  # moves the model, makes the optimizers (setup_optimizers below)
         assert self.model is not None
-        # every worker starts from rank 0's weights (and optimizer state, when resuming)
+        # every worker starts from rank 0's weights (a resumed run: every rank loaded the same checkpoint)
         hetrain.broadcast_parameters(self.model.state_dict(), root_rank=0)
 
     def setup_optimizers(self, trainer: "pl.Trainer") -> None:

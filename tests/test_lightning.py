@@ -89,3 +89,16 @@ def test_trainer_by_name_three_workers_with_summation_servers(launch, tmp_path):
     assert tuple(sizes[0].tolist()) == (8, 8, 8)
     assert sizes[-1, 0] > sizes[-1, 1] > sizes[-1, 2], sizes  # 1 : 0.5 : 0.25 (ideal 13.7, 6.9, 3.4)
     assert abs(int(sizes[-1, 0]) - 13.7) <= 2, sizes
+
+
+@pytest.mark.slow
+def test_bad_uses_get_a_message_saying_what_to_do(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPTS / "lightning_errors.py")], env=repo_env(), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    said = dict(line.split(": ", 1) for line in run.stdout.splitlines() if ": " in line)
+    assert "global_batch=256" in said["global_batch"]
+    assert "balance='measured'" in said["balance"]
+    assert "HetrainStrategy(global_batch=N)" in said["accumulate"]
+    assert "hetrain.SyncBatchNorm" in said["sync_batchnorm"]
+    assert "map-style" in said["iterable"]
