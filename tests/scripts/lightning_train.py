@@ -69,7 +69,7 @@ ctx = hetrain.init()
 rank = hetrain.rank()
 machine = ctx.topology.proc(rank).machine if ctx.topology else None
 module = Reference(EmulatedDevice(machine.device, machine.name, cost_per_sample=COST) if machine else None)
-trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, accelerator="cpu", devices=1, logger=False,
+trainer = L.Trainer(strategy=strategy, max_epochs=EPOCHS, logger=False,
                     default_root_dir=str(out / "lightning"), enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(module, datamodule=Data())
 sampler = trainer.strategy.batch_sampler
