@@ -379,6 +379,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def step(self, closure=None, grad_scaler=None):
+        if closure is not None and not self._synced:
+            # a closure recomputes the loss (forward and backward, PyTorch's contract): its
+            # gradients exist only after it ran, so it runs before they are exchanged
+            # (Lightning's automatic optimization calls step(closure))
+            with torch.enable_grad():
+                loss = closure()
+            self.step(grad_scaler=grad_scaler)
+            return loss
         if grad_scaler is not None:
             return scaled_step(self, grad_scaler, closure)
         if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
@@ -393,22 +401,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return loss
         if self.op == ReduceOp.ADASUM:
             return self._adasum_step(closure)
-        loss = None
-        if closure is not None and not self._synced:
-            # a closure recomputes the loss (forward and backward, PyTorch's contract): its
-            # gradients exist only after it ran, so it runs before they are exchanged
-            # (Lightning's automatic optimization calls step(closure))
-            with torch.enable_grad():
-                loss = closure()
-            closure = None
         if not self._skip and not self._synced:
             self.synchronize()
         elif self._skip and not self._synced and self.engine.ctx.distributed:
             raise UserError("step() inside skip_synchronize() needs synchronize() first: without it the workers' "
                             "gradients were never averaged")
         self._synced = False
-        out = self._inner.step(closure)
-        return loss if loss is not None else out
+        return self._inner.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's zero_grad; then, on a host all-reduce job, gradients that
