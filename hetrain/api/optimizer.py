@@ -407,6 +407,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return loss
 
     def step(self, closure=None, grad_scaler=None):
+        if closure is not None and not self._synced:
+            # a closure recomputes the loss (forward and backward, PyTorch's contract): its
+            # gradients exist only after it ran, so it runs before they are exchanged
+            # (Lightning's automatic optimization calls step(closure))
+            with torch.enable_grad():
+                loss = closure()
+            self.step(grad_scaler=grad_scaler)
+            return loss
         if grad_scaler is not None:
             return scaled_step(self, grad_scaler, closure)
         if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
