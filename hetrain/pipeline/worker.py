@@ -243,6 +243,13 @@ class _StageRunner:
 
     def _receive(self, peer: int, i: int, what: str):
         """Tensors of micro-batch i from a neighbour stage; the wait counts as idle time."""
+        got, ready = self._receive_early(peer, i, what)
+        self.pacer.begin(ready)
+        return got
+
+    def _receive_early(self, peer: int, i: int, what: str):
+        """(tensors of micro-batch i, the time the sender had them ready), the device clock
+        left alone (a micro-batch taken ahead of the one being computed)."""
         tw = time.perf_counter()
         try:
             got, ready = recv_tensors(peer, i, self.wire)
@@ -250,9 +257,14 @@ class _StageRunner:
             raise
         except RuntimeError as err:  # gloo's error: name the neighbour that went away
             raise self.ctx.peer_error(f"receiving {what} of micro-batch {i}", [peer], err) from None
-        self.pacer.begin(ready)
         self.prof["recv_wait_s"] += time.perf_counter() - tw
-        return got
+        return got, ready
+
+    def _take(self, step: int, i: int):
+        """A later stage with lookups: micro-batch i's activations, taken as soon as they
+        come, and its rows' pull posted (as the first stage posts its own ahead)."""
+        got, ready = self._receive_early(self.prev[i % len(self.prev)], i, "activations")
+        return got, ready, self.stage.prepare(got[:-1], step)
 
     def _send(self, ts, dst: int, i: int, ready_at: float, what: str) -> list:
         try:
@@ -279,7 +291,7 @@ class _StageRunner:
         pacer, sizes, mine = self.pacer, self.sizes, self.mine
         saved = {}
         step_loss = torch.zeros((), device=self.wire.device)
-        ahead: dict = {}  # first stage: the next micro-batches, read and their rows' pulls posted
+        ahead: dict = {}  # the next micro-batches, read or received, and their rows' pulls posted
         for n_i, i in enumerate(mine):
             m = sizes[i]
             prepared = None
@@ -289,6 +301,20 @@ class _StageRunner:
                 for j in mine[n_i + 1: n_i + 1 + PULL_AHEAD]:  # their rows arrive while this one computes
                     if j not in ahead:
                         ahead[j] = self._read(step, j)
+            elif self.stage.embs and not self.spec.emulate:
+                # a later stage with lookups on real devices: the next micro-batches' activations
+                # are taken as they arrive and their rows pulled while this one computes (the pull
+                # otherwise waits in line, after the activations). Emulated runs keep one
+                # at a time, as their device clocks assume.
+                got, ready, prepared = ahead.pop(i) if i in ahead else self._take(step, i)
+                self.pacer.begin(ready)
+                for j in mine[n_i + 1: n_i + 1 + PULL_AHEAD]:
+                    if j not in ahead:
+                        ahead[j] = self._take(step, j)
+                label, inputs = got[-1], got[:-1]
+                for t in inputs:
+                    if t.is_floating_point():
+                        t.requires_grad_(True)
             else:
                 got = self._receive(self.prev[i % len(self.prev)], i, "activations")
                 label, inputs = got[-1], got[:-1]
