@@ -275,8 +275,9 @@ class Balancer:
         hold = self.hold
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
-        if self._priced(current.sizes.sum()):
+        if self._priced(current.sizes.sum()):  # a smaller set is kept within `cfg.hold` only (`_held`)
             floor = price_floor(int(current.sizes.sum()), fixed, per, self.caps, self.comm, floor)
+            hold = min(hold, self.cfg.hold)
         return self._price(current, fixed, per) <= floor * (1 + hold)
 
     def _priced(self, total) -> bool:
@@ -343,8 +344,14 @@ class Balancer:
         """`current` (the split in use for this many samples) unless `new` is predicted
         faster, under the same fits, by more than `hold` of the step (BalanceConfig.hold:
         a new local batch size costs kernels built per shape). Every worker decides the
-        same from the same agreed fits."""
+        same from the same agreed fits. Where the exchange is priced, a new split that leaves
+        workers out of the set in use (and takes in none) saves their exchange, which the fits' noise says nothing
+        of: it needs to beat `cfg.hold` alone (leave at once, rejoin only well above the
+        noise, as `rejoin` does for small shares)."""
         hold = self.hold
+        if bool(current is not None and self._priced(new.sizes.sum()) and ((new.sizes > 0) <= (current.sizes > 0)).all()
+                and ((new.sizes > 0) != (current.sizes > 0)).any()):
+            hold = min(hold, self.cfg.hold)
         if (current is None or hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
                 or (self.every_worker and bool((current.sizes == 0).any()))):
             return new
