@@ -93,3 +93,30 @@ def test_a_gpu_worker_leaves_and_rejoins_resynchronised(launch, tmp_path, mode):
                         timeout=90, limit=400)
     assert rc == 0, log
     _check(out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["allreduce", "ps"])
+def test_a_gpu_worker_leaves_and_rejoins_under_the_cuda_standin(tmp_path, mode):
+    """The GPU test's schedule on this host's CUDA stand-in (tests/cudastandin: device
+    tensors that are host bytes, and its stream race checker): the GPU worker's staging
+    into the gloo group of a set, the GPU alone, its re-synchronisation from the CPU
+    workers; no stream race, one process's result."""
+    import subprocess
+
+    import yaml
+
+    from tests.helpers import ROOT
+    from tests.test_cuda_standin import standin_env
+
+    cluster = {**MIXED, "machines": MIXED["machines"] + ([{"name": "c0", "role": "cpu"}] if mode == "ps" else [])}
+    cfile = tmp_path / "cluster.yaml"
+    cfile.write_text(yaml.safe_dump(cluster))
+    out = tmp_path / "params"
+    cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", mode, "--timeout", "60",
+           "--run-dir", str(tmp_path / "run"), str(HERE / "leave_exchange.py"), str(out), "--cuda"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=standin_env(1), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "CUDA stream race" not in proc.stdout + proc.stderr
+    assert [torch.load(out / f"rank{r}.pt")["device"] for r in range(3)] == ["cuda:0", "cpu", "cpu"]
+    _check(out)

@@ -51,7 +51,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     m = opt._members
     torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                "moved": moved, "exchanges": m.exchanges, "sat_out": m.sat_out,
+                "moved": moved, "device": str(next(model.parameters()).device), "exchanges": m.exchanges, "sat_out": m.sat_out,
                 "resyncs": m.resyncs, "steps": len(SETS)}, out / f"rank{rank}.pt")
     hetrain.shutdown()
 
