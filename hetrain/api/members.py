@@ -60,6 +60,18 @@ class ExchangeMembers:
                             f"got {list(workers)}")
         return tuple(self.workers[i] for i in idx)
 
+    def switch(self, workers, in_flight: bool, named, optimizer: torch.optim.Optimizer, step: bool = True):
+        """`DistributedOptimizer.set_exchange`: the engine of the set of worker indices
+        `workers` (None: every worker), re-synchronising first where needed (`enter`);
+        None where this worker sits out. `in_flight`: an exchange of the set in use has
+        not ended, so the set may not change."""
+        ranks = self.ranks_of(workers) if workers is not None and self.ctx.distributed else self.workers
+        if ranks != self.last and in_flight:  # (the same set: nothing changes)
+            raise UserError("set_exchange() with another set while this optimizer's exchange is in flight: call "
+                            "it before zero_grad(), once the step before has ended with step()")
+        self.enter(ranks, named, optimizer, step)
+        return self.engine_for(ranks)
+
     def engine_for(self, ranks: tuple[int, ...]):
         """The engine that exchanges among `ranks` (None: this worker sits out). Every
         worker asks at every step, with the same set (a new set's group is made then)."""

@@ -283,15 +283,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         when they and the optimizer state are first broadcast to it from a worker that
         kept training). Sync jobs with op Average or Sum; otherwise every worker exchanges.
         `step=False`: no step follows (the end of training: every worker is brought up to date)."""
-        ctx = self._members.ctx
-        ranks = self._members.workers
-        if workers is not None and ctx.distributed and self.sync == "sync" and self.op != ReduceOp.ADASUM:
-            ranks = self._members.ranks_of(workers)
-        if ranks != self._members.last and self.engine.in_flight:  # (the same set: nothing changes)
-            raise UserError("set_exchange() with another set while this optimizer's exchange is in flight: call "
-                            "it before zero_grad(), once the step before has ended with step()")
-        self._members.enter(ranks, self._named, self._inner, step)
-        eng = self._members.engine_for(ranks)
+        can = self.sync == "sync" and self.op != ReduceOp.ADASUM
+        eng = self._members.switch(workers if can else None, self.engine.in_flight, self._named, self._inner, step)
         self._out = eng is None
         self.engine = self._members.job if eng is None else eng
 

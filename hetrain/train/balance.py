@@ -31,13 +31,13 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..perf.exchangeset import exchange_cost, fastest_sets, price_floor, priced
 from ..perf.stepfit import StepTimeModel
 from ..perf.steptime import SMALL_SHARE, StepPlan, plan_step, plan_time, predicted_times, step_floor
 from ..perf.steptime import memory_caps as _memory_caps
 from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 from .balance_config import BalanceConfig
+from .exchange_price import ExchangePrices, leaves_out
 from .exchange import Gather, carried, exchange_rows, ready, worker_gather
 from .probe import Probe, probe_sizes
 
@@ -105,10 +105,8 @@ class Balancer:
         self.model = StepTimeModel(self.cfg.window, self.cfg.recent)
         self.fits = np.full((self.n, 2), np.nan)  # agreed (fixed, per_sample) per worker
         self.level_error = np.zeros(self.n)  # agreed standard error of each worker's fitted level (relative)
-        # agreed seconds each worker's steps spent exchanging with others (NaN: not measured;
-        # hetrain.perf.exchangeset prices the sets of workers with it), and this worker's own
-        self.comm = np.full(self.n, np.nan)
-        self._exchanges: list[float] = []
+        # each worker's exchange seconds, agreed, and what they price (train/exchange_price.py)
+        self.prices = ExchangePrices(self.n, self.cfg.window)
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -203,11 +201,8 @@ class Balancer:
         self.model.add(samples, seconds)
 
     def record_exchange(self, seconds: float) -> None:
-        """What this worker's step just done spent beyond its compute exchanging with other
-        workers (exposed exchange and waiting for them; only steps it shared an exchange
-        with others: a step alone costs none). Its median over the last `window` such steps
-        is what this worker reports (`hetrain.perf.exchangeset`)."""
-        self._exchanges = [*self._exchanges[1 - self.cfg.window:], float(seconds)]
+        """This worker's exchange with the others in the step just done (`ExchangePrices.record`)."""
+        self.prices.record(seconds)
 
     def shares_for(self, total: int) -> np.ndarray:
         """Shares of `total` samples (the global batch, or an epoch's last partial batch)
@@ -275,20 +270,20 @@ class Balancer:
         hold = self.hold
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
-        if self._priced(current.sizes.sum()):
-            floor = price_floor(int(current.sizes.sum()), fixed, per, self.caps, self.comm, floor)
+        if self._priced(current.sizes.sum()):  # a smaller set is kept within `cfg.hold` only (`_held`)
+            floor = self.prices.floor(current.sizes.sum(), fixed, per, self.caps, floor)
+            hold = min(hold, self.cfg.hold)
         return self._price(current, fixed, per) <= floor * (1 + hold)
 
     def _priced(self, total) -> bool:
         """Whether the exchange is priced when the full batch's workers are chosen
         (`hetrain.perf.exchangeset`): they leave the exchange at share 0 and some measured it."""
-        return self.cfg.leave and int(total) == self.global_batch and not self.every_worker and priced(self.comm)
+        return self.cfg.leave and int(total) == self.global_batch and not self.every_worker and self.prices.measured
 
     def _price(self, plan: StepPlan, fixed, per) -> float:
         """Predicted seconds of `plan`'s step under these fits: its compute, and where
         the exchange is priced, the exchange among its workers."""
-        t = plan_time(plan, fixed, per)
-        return t + exchange_cost(plan.sizes > 0, self.comm) if self._priced(plan.sizes.sum()) else t
+        return self.prices.price(plan, fixed, per) if self._priced(plan.sizes.sum()) else plan_time(plan, fixed, per)
 
     def _solve(self, total: int, fixed: np.ndarray, per: np.ndarray, measured: bool,
                current: StepPlan | None, floor: float) -> StepPlan:
@@ -319,32 +314,24 @@ class Balancer:
                 plan = other if other.predicted < 0.95 * cur.predicted else cur
             self.strategy = plan.strategy
         if measured and self._priced(total):
-            plan = self._best_subset(plan, total, fixed, per, caps, micro_caps, args)
+            plan = self.prices.best(plan, total, fixed, per, caps, lambda m: plan_step(
+                total, fixed, per, np.where(m, caps, 0), strategy=plan.strategy,
+                **{**args, "micro_caps": np.where(m, micro_caps, 0)}))
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
         return self._held(current, plan, fixed, per) if measured else plan
-
-    def _best_subset(self, plan: StepPlan, total: int, fixed, per, caps, micro_caps, args) -> StepPlan:
-        """`plan` (the compute-optimal split) or the split of a set of the fastest workers
-        alone, whichever is predicted faster with the exchange among its workers
-        (`hetrain.perf.exchangeset`): the best subset of devices is always a candidate."""
-        best, best_t = plan, self._price(plan, fixed, per)
-        for mask in fastest_sets(total, fixed, per, caps):
-            if bool((mask == (plan.sizes > 0)).all()):
-                continue
-            cand = plan_step(total, fixed, per, np.where(mask, caps, 0), strategy=plan.strategy,
-                             **{**args, "micro_caps": np.where(mask, micro_caps, 0)})
-            t = self._price(cand, fixed, per)
-            if t < best_t:
-                best, best_t = cand, t
-        return best
 
     def _held(self, current: StepPlan | None, new: StepPlan, fixed: np.ndarray, per: np.ndarray) -> StepPlan:
         """`current` (the split in use for this many samples) unless `new` is predicted
         faster, under the same fits, by more than `hold` of the step (BalanceConfig.hold:
         a new local batch size costs kernels built per shape). Every worker decides the
-        same from the same agreed fits."""
+        same from the same agreed fits. Where the exchange is priced, a new split that leaves
+        workers out of the set in use (and takes in none) saves their exchange, which the fits' noise says nothing
+        of: it needs to beat `cfg.hold` alone (leave at once, rejoin only well above the
+        noise, as `rejoin` does for small shares)."""
         hold = self.hold
+        if current is not None and self._priced(new.sizes.sum()) and leaves_out(current, new):
+            hold = min(hold, self.cfg.hold)
         if (current is None or hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
                 or (self.every_worker and bool((current.sizes == 0).any()))):
             return new
@@ -391,8 +378,7 @@ class Balancer:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        comm = float(np.median(self._exchanges)) if self._exchanges else float("nan")
-        row = np.array([fixed, per, self.model.level_error, comm, *extra], dtype=np.float64)
+        row = np.array([fixed, per, self.model.level_error, self.prices.mine(), *extra], dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -448,7 +434,7 @@ class Balancer:
     def _apply(self, rows: np.ndarray, step: int) -> None:
         self.rows, self.rows_step = rows[:, 4:], step
         self.level_error = np.nan_to_num(rows[:, 2])
-        self.comm = rows[:, 3].copy()
+        self.prices.comm = rows[:, 3].copy()
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

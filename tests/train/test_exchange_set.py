@@ -53,7 +53,7 @@ def test_a_worker_joins_only_where_the_step_with_its_exchange_is_faster():
     assert list(_two_workers(0.010, 0.012).sizes) == [50, 50]
     # not one of 80 ms: the fastest worker alone (the lower rank on a tie) takes the batch
     b = _two_workers(0.080, 0.090)
-    assert list(b.sizes) == [100, 0] and b.comm.tolist() == [0.090, 0.080]
+    assert list(b.sizes) == [100, 0] and b.prices.comm.tolist() == [0.090, 0.080]
     # without the exchange priced (leave=False: every worker is in every exchange anyway)
     b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1, leave=False),
                  gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.001, 0.0, 0.08]), num_workers=2)
@@ -84,10 +84,31 @@ def test_the_chosen_split_is_never_predicted_slower_than_the_best_subset(seed):
     assert all(np.array_equal(b.sizes, bal[0].sizes) for b in bal)
     b = bal[0]
     f, p = b.fits[:, 0], b.fits[:, 1]
-    chosen = plan_time(b.plan, f, p) + exchange_cost(b.plan.sizes > 0, b.comm)
+    chosen = plan_time(b.plan, f, p) + exchange_cost(b.plan.sizes > 0, b.prices.comm)
     solo = min(t for t in solo_times(batch, f, p) if math.isfinite(t))
     assert chosen <= solo * (1 + b.hold) + 1e-9, (b.plan, solo)
     from hetrain.perf.steptime import plan_unequal
 
     everyone = plan_unequal(batch, f, p, b.caps, drop=False)
-    assert chosen <= (everyone.predicted + exchange_cost(everyone.sizes > 0, b.comm)) * (1 + b.hold) + 1e-9
+    assert chosen <= (everyone.predicted + exchange_cost(everyone.sizes > 0, b.prices.comm)) * (1 + b.hold) + 1e-9
+
+
+def test_leaving_beats_the_fixed_hold_and_rejoining_the_noise():
+    """On noisy fits (the other worker's level error 0.5: a new split must be predicted 2x
+    faster, `Balancer.hold`) a set that saves an exchange is still taken at once, as it
+    beats `BalanceConfig.hold` (1%); taking the worker back needs to beat the noise."""
+    rows = [[0.0, 0.001, 0.5, 0.010], [0.0, 0.001, 0.5, 0.080], [0.0, 0.001, 0.5, 0.001]]
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], *rows), num_workers=2)
+    b.record(50, 0.05)
+    b.record_exchange(0.012)
+    b.update()
+    assert list(b.sizes) == [50, 50] and b.hold == pytest.approx(1.0)
+    b.record(50, 0.05)
+    for _ in range(2):
+        b.record_exchange(0.09)
+    b.update()  # together: 0.05 s + 80 ms exchange; alone: 0.1 s
+    assert list(b.sizes) == [100, 0]
+    b.record(100, 0.1)
+    b.update()  # the exchange now measured at 1 ms: together predicted 0.051 s, not 2x faster
+    assert list(b.sizes) == [100, 0]

@@ -1,7 +1,8 @@
 """Workers leave and rejoin the gradient exchange on a fixed schedule of sets (what a
 BalancedLoader does when shares reach 0 and come back): each step's 24 samples are split
 among the step's set only, and the others sit the step out. Saves the parameters, how
-many exchanges this worker ran and how many re-synchronisations happened."""
+many exchanges this worker ran and how many re-synchronisations happened. `--cuda`: the
+model on hetrain.device() (the GPU worker of a mixed job; the CPU workers stay on the CPU)."""
 import sys
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def main() -> None:
     out = Path(sys.argv[1])
     hetrain.init()
     rank, n = hetrain.rank(), hetrain.size()
-    model = make_model()
+    dev = hetrain.device() if "--cuda" in sys.argv else torch.device("cpu")  # the GPU worker's, with --cuda
+    model = make_model().to(dev)
     opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                        named_parameters=model.named_parameters())
     x, y = data()
@@ -41,15 +43,15 @@ def main() -> None:
         opt.set_batch_size(sizes[rank], total=GLOBAL_BATCH)
         opt.zero_grad()
         if len(mine):
-            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            F.cross_entropy(model(x[mine].to(dev)), y[mine].to(dev)).backward()
         before = opt._members.job.stats.bytes_sent
         opt.step()
         moved.append(opt._members.job.stats.bytes_sent > before)
     opt.set_exchange(None, step=False)  # the end: every worker brought up to date
     out.mkdir(parents=True, exist_ok=True)
     m = opt._members
-    torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "moved": moved, "exchanges": m.exchanges, "sat_out": m.sat_out,
+    torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                "moved": moved, "device": str(next(model.parameters()).device), "exchanges": m.exchanges, "sat_out": m.sat_out,
                 "resyncs": m.resyncs, "steps": len(SETS)}, out / f"rank{rank}.pt")
     hetrain.shutdown()
 
