@@ -40,6 +40,7 @@ class Job:
     restart_cost: float = 10.0    # seconds lost per stop + restart
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
+    restarts: int = 0             # restarts so far (Sia's restart penalty reads it)
     start_cost: float = 0.0       # seconds before the first step of a cold start
     # seconds the job has held GPUs of each type (kept by the simulator and the executor;
     # Gavel's round-based mechanism compares it with the time shares its LP asks for)

@@ -70,6 +70,7 @@ def _reset_jobs(jobs: Sequence[Job], cluster: Inventory, pol: Policy) -> None:
     use_goodput(jobs, getattr(pol, "adapts_batch", False))
     for j in jobs:
         j.started = False
+        j.restarts = 0
         j.service_s = np.zeros(len(cluster.names))
 
 
@@ -102,6 +103,7 @@ def _apply_changes(jobs: Sequence[Job], idx_of: dict[int, int], alloc: Allocatio
             continue
         if job.started:
             restarts[i] += 1
+            job.restarts += 1
             pause_until[i] = now + job.restart_cost
         else:
             job.started = True

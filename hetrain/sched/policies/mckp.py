@@ -15,6 +15,7 @@ the previous decision's prices still certify the plan.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -263,3 +264,21 @@ def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None =
     return _milp(cfg, njobs, cap)
 
 
+
+
+def enumerate_plans(cfg: Configs, njobs: int, capacity: np.ndarray) -> tuple[float, np.ndarray]:
+    """The same problem by enumerating every plan (tiny instances only, for the tests):
+    (best objective, chosen columns)."""
+    if njobs > 6:
+        raise ValueError("enumeration is for at most 6 jobs")
+    choices = [[None] + [k for k in range(len(cfg.value)) if cfg.job[k] == i] for i in range(njobs)]
+    best, best_x = 0.0, np.zeros(len(cfg.value), dtype=bool)
+    for combo in itertools.product(*choices):
+        ks = [k for k in combo if k is not None]
+        used = np.bincount(cfg.type[ks], weights=cfg.n[ks], minlength=len(capacity)) if ks else 0
+        val = float(cfg.value[ks].sum()) if ks else 0.0
+        if np.all(used <= capacity) and val > best + 1e-12:
+            best = val
+            best_x = np.zeros(len(cfg.value), dtype=bool)
+            best_x[ks] = True
+    return best, best_x
