@@ -33,6 +33,7 @@ from hetrain.sched.policies import DEFAULT_POLICY, get_policy  # noqa: E402
 from hetrain.sched.public_traces import convert_public  # noqa: E402
 from hetrain.sched.simulator import simulate  # noqa: E402
 from hetrain.sched.trace import load_trace, parse_trace_lines  # noqa: E402
+from traces_workloads import openb_one_round, trace_workloads  # noqa: E402
 from pinned_pair import repo_env  # noqa: E402
 
 CLUSTERS = {"homogeneous": "v100:24", "three-type": "v100:8,p100:8,k80:8"}
@@ -40,7 +41,8 @@ SMALL_CLUSTERS = {"homogeneous": "v100:8", "three-type": "v100:4,p100:4,k80:4"}
 PATTERNS = ["all-at-once", "poisson", "bursts", "poisson-short", "all-at-once-long"]
 TRACES = {"23dbec": None, "51b7ef": None, "0e4a51": None, "6214e9": 100}  # None: the pattern job count
 # fixed-batch peers, then the goodput-aware ones (jobs run at their best batch)
-PEERS = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", "adaptive"]
+PEERS = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", "adaptive", "sia"]
+ORACLES = ["srtf", "optimal", "optimal-srpt"]  # told true job lengths (yardsticks); every other policy is not
 POLICIES = list(dict.fromkeys(PEERS + ["adaptive-goodput", "goodput", DEFAULT_POLICY]))
 RATIO_POLICIES = list(dict.fromkeys(["doubling", "adaptive", "goodput", DEFAULT_POLICY]))
 OPTIMA = ["optimal", "optimal-srpt"]  # per-decision MILP yardsticks (patterns, --quick)
@@ -50,7 +52,8 @@ def run_case(make, cluster, policy):
     return simulate(make(), cluster, policy)
 
 
-def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs: int = 200) -> list[dict]:
+def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs: int = 200,
+                traces: Path | None = None) -> list[dict]:
     seeds = [0] if quick else [0, 1, 2]
     n_jobs = 40 if quick else 100
     cases = []
@@ -65,14 +68,19 @@ def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs:
                     "makespan_s": float(np.mean([r.makespan_s for r in res])),
                     "utilization": float(np.mean([r.utilization for r in res])),
                     "restarts": float(np.mean([r.restarts for r in res])),
+                    "gpu_hours_per_job": float(np.mean([r.utilization * cluster.total * r.makespan_s / 3600 / len(r.jct)
+                                                        for r in res])),
+                    "oracle": pol in ORACLES,
                     "decision_ms": float(np.mean([1e3 * r.decision_wall_s / max(1, r.decisions) for r in res]))}
             cases.append(case)
-            print(f"{workload:<22}{cname:<12}{pol:<16}{case['avg_jct_s'] / 3600:>10.3f}{case['p99_jct_s'] / 3600:>10.2f}"
+            label = pol + ("*" if pol in ORACLES else "")
+            print(f"{workload:<22}{cname:<12}{label:<16}{case['avg_jct_s'] / 3600:>10.3f}{case['p99_jct_s'] / 3600:>10.2f}"
                   f"{case['makespan_s'] / 3600:>10.2f}{case['utilization']:>6.2f}{case['restarts']:>9.1f}"
-                  f"{case['decision_ms']:>8.2f}", flush=True)
+                  f"{case['decision_ms']:>8.2f}{case['gpu_hours_per_job']:>10.2f}", flush=True)
 
+    print("lengths unknown to every policy but the oracles (marked *: srtf, optimal, optimal-srpt)")
     print(f"{'workload':<22}{'cluster':<12}{'policy':<16}{'avg JCT h':>10}{'p99 h':>10}{'mkspan h':>10}{'util':>6}"
-          f"{'restarts':>9}{'ms/dec':>8}")
+          f"{'restarts':>9}{'ms/dec':>8}{'GPU-h/job':>10}")
     for cname, spec in CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
         for pat in PATTERNS:
@@ -85,6 +93,8 @@ def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs:
             lines = convert_public(kind, raw, limit=public_jobs)
             makers = [lambda lines=lines, kind=kind: parse_trace_lines(lines, cluster, source=kind)]
             add(kind, cname, cluster, POLICIES, makers)
+    for workload, cname, cluster, makers in trace_workloads(traces, quick) if traces else []:
+        add(workload, cname, cluster, POLICIES, makers)
     # small instances: the exact optimum is the yardstick
     for cname, spec in SMALL_CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
@@ -115,7 +125,7 @@ def ratio_table(cases: list[dict]) -> list[dict]:
                 row[f"{pol}_over_{peer}"] = mine / val if mine and val else None
         rows.append(row)
     d = DEFAULT_POLICY
-    cols = [f"{d}_over_optimum", f"{d}_over_srtf", f"{d}_over_gavel", f"{d}_over_adaptive",
+    cols = [f"{d}_over_optimum", f"{d}_over_srtf", f"{d}_over_gavel", f"{d}_over_sia", f"{d}_over_adaptive",
             f"{d}_over_adaptive-goodput", "doubling_over_optimum", "doubling_over_srtf"]
     print(f"\n{'workload':<22}{'cluster':<12}" + "".join(f"{c.replace('_over_', '/'):>19}" for c in cols))
     for r in rows:

@@ -167,6 +167,7 @@ def goodput_policy(p: float = DEFAULT_P, name: str = "goodput"):
 
     policy.policy_name = name
     policy.adapts_batch = True
+    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices
     return policy
 
 

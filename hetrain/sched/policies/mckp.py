@@ -24,7 +24,8 @@ from ..quiet import quiet_stdout
 
 MIP_GAP = 1e-4  # relative optimality gap HiGHS stops at
 OPEN_JOBS = 48  # jobs re-placed when the fractional ones alone are not enough
-DECOMPOSE_GAP = 1e-3  # a plan within this of a Lagrangian bound is accepted
+DECOMPOSE_GAP = 5e-3  # a plan within this of a Lagrangian bound is accepted
+FULL_TIME_LIMIT_S = 5.0  # the full integer program's time limit (HiGHS keeps its best plan)
 STATS = {"slack": 0, "priced": 0, "decomposed": 0, "widened": 0, "full": 0}  # how `choose` decided (benchmark)
 
 
@@ -38,7 +39,8 @@ class Configs:
     value: np.ndarray
 
 
-def _milp(cfg: Configs, njobs: int, capacity: np.ndarray, time_limit: float | None = None) -> np.ndarray:
+def _milp(cfg: Configs, njobs: int, capacity: np.ndarray, time_limit: float | None = None,
+          gap: float = MIP_GAP) -> np.ndarray:
     """HiGHS on the integer program over the columns of `cfg`; the chosen columns (bool)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_array
@@ -51,7 +53,7 @@ def _milp(cfg: Configs, njobs: int, capacity: np.ndarray, time_limit: float | No
     scale = float(cfg.value.max())
     # the relaxation is nearly integral (a multiple-choice knapsack with one row per GPU
     # type): presolve costs more than it saves, and a 1e-4 relative gap ends the search
-    options = {"mip_rel_gap": MIP_GAP, "presolve": False}
+    options = {"mip_rel_gap": gap, "presolve": False}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
     with quiet_stdout():
@@ -144,12 +146,14 @@ def _usage(cfg: Configs, pick: np.ndarray, ntypes: int) -> np.ndarray:
     return np.bincount(cfg.type[on], weights=cfg.n[on], minlength=ntypes).astype(np.int64)
 
 
-def _repair_and_fill(cfg: Configs, pick: np.ndarray, cap: np.ndarray, max_moves: int = 64) -> np.ndarray | None:
+def _repair_and_fill(cfg: Configs, pick: np.ndarray, cap: np.ndarray, max_moves: int | None = None) -> np.ndarray | None:
     """Make a plan fit (greedily move the jobs whose move loses least value per GPU freed
     off an overfull type) and then use GPUs left idle (greedily take the column that
     gains most and fits). None when it takes more than `max_moves` moves."""
     pick = pick.copy()
     used = _usage(cfg, pick, len(cap))
+    if max_moves is None:  # enough to move every overflowing GPU and fill every idle one, one by one
+        max_moves = 64 + int(np.abs(used - cap).sum())
     cur_v = np.where(pick >= 0, cfg.value[np.maximum(pick, 0)], 0.0)
     for _ in range(max_moves):
         over = np.flatnonzero(used > cap)
@@ -261,7 +265,7 @@ def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None =
         STATS["widened"] += 1
         return x
     STATS["full"] += 1
-    return _milp(cfg, njobs, cap)
+    return _milp(cfg, njobs, cap, FULL_TIME_LIMIT_S, DECOMPOSE_GAP)
 
 
 

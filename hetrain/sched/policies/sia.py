@@ -93,6 +93,7 @@ def sia_policy(p: float = SIA_P, lam: float = SIA_LAMBDA, name: str = "sia"):
 
     policy.policy_name = name
     policy.adapts_batch = True  # Sia runs each job at its goodput-optimal batch, as Pollux
+    policy.fresh = lambda: sia_policy(p, lam, name)
     return policy
 
 
