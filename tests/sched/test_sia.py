@@ -8,7 +8,7 @@ from hetrain.sched.cluster import parse_cluster_spec
 from hetrain.sched.job import Alloc, use_goodput
 from hetrain.sched.patterns import make_pattern
 from hetrain.sched.policies import check_allocation, get_policy
-from hetrain.sched.policies.mckp import enumerate_plans
+from hetrain.sched.policies.mckp import DECOMPOSE_GAP, enumerate_plans
 from hetrain.sched.policies.sia import restart_factor, sia_configurations, sia_policy
 from hetrain.sched.simulator import simulate
 
@@ -30,8 +30,8 @@ def test_sia_plan_equals_enumeration(seed, p):
         j.started, j.restarts, j.arrival = True, int(rng.integers(0, 3)), -float(rng.uniform(0, 600))
         alloc[j.job_id] = Alloc(0, 1) if sum(a.n for a in alloc.values() if a.type == 0) < cluster.counts[0] else None
     alloc = {k: v for k, v in alloc.items() if v is not None}
-    pol = sia_policy(p=p)
-    plan = pol(jobs, cluster, alloc, 0.0)
+    plan = sia_policy(p=p, gap=0.0)(jobs, cluster, alloc, 0.0)  # solved exactly
+    near = sia_policy(p=p)(jobs, cluster, alloc, 0.0)           # the default certified gap
     check_allocation(jobs, cluster, plan)
     cfg = sia_configurations(jobs, cluster, alloc, 0.0, p)
     best, x = enumerate_plans(cfg, len(jobs), np.asarray(cluster.capacity))
@@ -39,6 +39,10 @@ def test_sia_plan_equals_enumeration(seed, p):
                                              (cfg.type == a.type) & (cfg.n == a.n))[0]]) for jid, a in plan.items())
     assert got == pytest.approx(best, rel=1e-9)
     assert plan == _plan(cfg, jobs, x)
+    check_allocation(jobs, cluster, near)
+    near_val = sum(float(cfg.value[np.flatnonzero((cfg.job == [j.job_id for j in jobs].index(jid)) &
+                                                  (cfg.type == a.type) & (cfg.n == a.n))[0]]) for jid, a in near.items())
+    assert near_val >= best * (1 - DECOMPOSE_GAP) - 1e-12
 
 
 def test_fairness_exponent_spreads_gpus_over_jobs():

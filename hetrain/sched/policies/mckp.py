@@ -202,7 +202,8 @@ def _repair_and_fill(cfg: Configs, pick: np.ndarray, cap: np.ndarray, max_moves:
     return pick if np.all(used <= cap) else None
 
 
-def _priced(cfg: Configs, njobs: int, cap: np.ndarray, price: np.ndarray) -> np.ndarray | None:
+def _priced(cfg: Configs, njobs: int, cap: np.ndarray, price: np.ndarray, gap: float = DECOMPOSE_GAP
+            ) -> np.ndarray | None:
     """The plan the given prices suggest, repaired and filled; None unless it is within
     DECOMPOSE_GAP of the prices' Lagrangian bound."""
     pick, bound = _best_under(cfg, njobs, price, cap)
@@ -210,14 +211,15 @@ def _priced(cfg: Configs, njobs: int, cap: np.ndarray, price: np.ndarray) -> np.
     if plan is None:
         return None
     value = float(cfg.value[plan[plan >= 0]].sum())
-    if value < bound * (1 - DECOMPOSE_GAP) - 1e-12:
+    if value < bound * (1 - gap) - 1e-12:
         return None
     x = np.zeros(len(cfg.value), dtype=bool)
     x[plan[plan >= 0]] = True
     return x
 
 
-def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None = None) -> np.ndarray:
+def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None = None,
+           gap: float = DECOMPOSE_GAP) -> np.ndarray:
     """The integer program's chosen columns, by the cheapest route that is exact up to a
     certified gap (decomposition):
 
@@ -232,6 +234,8 @@ def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None =
        GPU prices settle least firmly) in the GPUs left; a result is accepted when it is
        within DECOMPOSE_GAP of the relaxation's bound (a certificate, not a heuristic);
     4. else the full integer program (HiGHS).
+
+    `gap` = 0 makes every route exact (the last one proves optimality): the tests.
     """
     cap = np.asarray(capacity, dtype=np.int64)
     nv = len(cfg.value)
@@ -247,7 +251,7 @@ def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None =
         x[chosen] = True
         return x
     if warm is not None and warm.value is not None and len(warm.value) == len(cap):
-        x = _priced(cfg, njobs, cap, warm.value)
+        x = _priced(cfg, njobs, cap, warm.value, gap)
         if x is not None:
             STATS["priced"] += 1
             return x
@@ -256,16 +260,16 @@ def choose(cfg: Configs, njobs: int, capacity: np.ndarray, warm: Prices | None =
         warm.value = np.maximum(price, 0.0)
     frac = np.unique(cfg.job[(x_lp > 1e-7) & (x_lp < 1 - 1e-7)])
     x = _fix_and_place(cfg, njobs, cap, x_lp, frac)
-    if float(cfg.value @ x) >= bound * (1 - DECOMPOSE_GAP) - 1e-12:
+    if float(cfg.value @ x) >= bound * (1 - gap) - 1e-12:
         STATS["decomposed"] += 1
         return x
     loose = np.argsort(_margins(cfg, njobs, price), kind="stable")[:OPEN_JOBS]
     x = _fix_and_place(cfg, njobs, cap, x_lp, np.union1d(frac, loose))
-    if float(cfg.value @ x) >= bound * (1 - DECOMPOSE_GAP) - 1e-12:
+    if float(cfg.value @ x) >= bound * (1 - gap) - 1e-12:
         STATS["widened"] += 1
         return x
     STATS["full"] += 1
-    return _milp(cfg, njobs, cap, FULL_TIME_LIMIT_S, DECOMPOSE_GAP)
+    return _milp(cfg, njobs, cap, FULL_TIME_LIMIT_S if gap > 0 else None, gap)
 
 
 

@@ -32,7 +32,7 @@ from ...errors import UserError
 from ..job import Alloc
 from . import register
 from .goodput import _candidates
-from .mckp import Configs, Prices, choose
+from .mckp import DECOMPOSE_GAP, Configs, Prices, choose
 
 SIA_P = -0.5
 SIA_LAMBDA = 2.0
@@ -75,8 +75,9 @@ def sia_configurations(jobs, cluster, allocation, now: float, p: float = SIA_P, 
     return Configs(np.concatenate(cj), np.concatenate(ct), np.concatenate(cn), np.concatenate(cv))
 
 
-def sia_policy(p: float = SIA_P, lam: float = SIA_LAMBDA, name: str = "sia"):
-    """Sia's policy with fairness exponent p (!= 0) and unallocated-job penalty lambda."""
+def sia_policy(p: float = SIA_P, lam: float = SIA_LAMBDA, name: str = "sia", gap: float = DECOMPOSE_GAP):
+    """Sia's policy with fairness exponent p (!= 0) and unallocated-job penalty lambda;
+    plans certified within `gap` of the optimum (0: exact)."""
     if p == 0 or not np.isfinite(p):
         raise UserError(f"Sia's fairness exponent p must be a non-zero number, got {p}")
     if not lam > 1:
@@ -88,12 +89,12 @@ def sia_policy(p: float = SIA_P, lam: float = SIA_LAMBDA, name: str = "sia"):
         cfg = sia_configurations(jobs, cluster, allocation, now, p, lam)
         if not len(cfg.value):
             return {}
-        x = choose(cfg, len(jobs), cluster.capacity, warm)
+        x = choose(cfg, len(jobs), cluster.capacity, warm, gap)
         return {jobs[cfg.job[k]].job_id: Alloc(int(cfg.type[k]), int(cfg.n[k])) for k in np.flatnonzero(x)}
 
     policy.policy_name = name
     policy.adapts_batch = True  # Sia runs each job at its goodput-optimal batch, as Pollux
-    policy.fresh = lambda: sia_policy(p, lam, name)
+    policy.fresh = lambda: sia_policy(p, lam, name, gap)
     return policy
 
 
