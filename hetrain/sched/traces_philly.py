@@ -77,9 +77,11 @@ def philly_workload(runtimes: np.ndarray, n_jobs: int, cluster: Inventory, seed:
     for j in range(n_jobs):
         curve = curves[kinds[kind[j]]]
         g = int(req[j])
-        while g > 1 and max(curve.rate(t, g) for t in cluster.names) <= 0:
-            g //= 2  # a size this type was not measured at: the largest measured power of two below
-        best = max(curve.rate(t, g) for t in cluster.names)
+        fits = [t for t, cap in zip(cluster.names, cluster.counts) if cap >= g and curve.rate(t, g) > 0]
+        while g > 1 and not fits:
+            g //= 2  # no pool runs this type at this size: the largest power of two below that one does
+            fits = [t for t, cap in zip(cluster.names, cluster.counts) if cap >= g and curve.rate(t, g) > 0]
+        best = max(curve.rate(t, g) for t in (fits or cluster.names))
         jobs.append(make_job(j, kinds[kind[j]], float(times[j]), float(run[j] * best), curve, cluster, requested=g,
                              max_gpus=max(g, elastic_max), restart_cost=restart_cost, batch_model=batch.get(kinds[kind[j]])))
     return jobs
