@@ -18,7 +18,7 @@ so that jobs of very different speeds compare). With p = 1 the objective is the 
 of the jobs' completion *rates* 1/est: short jobs and large speed-ups win, as in SRPT;
 p < 1 flattens the speed-up (a job values its second GPU less than its first: Sia's
 fairness knob, p -> 0 admits the most, shortest jobs), p > 1 sharpens it. Solved with
-SciPy's HiGHS (`milp`); `exhaustive` enumerates every choice for the tests.
+SciPy's HiGHS through `mckp.choose` (certified within 0.5%); `exhaustive` enumerates every choice for the tests.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ..job import Alloc
 from . import register
 from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
-DEFAULT_P = 0.5  # with lengths unknown, p = 0.5 beat p = 1 and p = 0.25 on 3 of 4 three-type patterns (bench/sched.py)
+DEFAULT_P = 0.5  # with lengths unknown the best of 1, 0.5, 0.25 on 2 of 3 three-type patterns (docs/scheduling.md)
 NODE_GPUS = 8
 FINE_POOL = 128
 
