@@ -33,6 +33,7 @@ from hetrain.sched.policies import DEFAULT_POLICY, get_policy  # noqa: E402
 from hetrain.sched.public_traces import convert_public  # noqa: E402
 from hetrain.sched.simulator import simulate  # noqa: E402
 from hetrain.sched.trace import load_trace, parse_trace_lines  # noqa: E402
+from traces_workloads import openb_one_round, trace_workloads  # noqa: E402
 from pinned_pair import repo_env  # noqa: E402
 
 CLUSTERS = {"homogeneous": "v100:24", "three-type": "v100:8,p100:8,k80:8"}
@@ -40,8 +41,13 @@ SMALL_CLUSTERS = {"homogeneous": "v100:8", "three-type": "v100:4,p100:4,k80:4"}
 PATTERNS = ["all-at-once", "poisson", "bursts", "poisson-short", "all-at-once-long"]
 TRACES = {"23dbec": None, "51b7ef": None, "0e4a51": None, "6214e9": 100}  # None: the pattern job count
 # fixed-batch peers, then the goodput-aware ones (jobs run at their best batch)
-PEERS = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", "adaptive"]
+PEERS = ["fifo", "srtf", "gavel", "doubling", "doubling-strict", "adaptive", "sia"]
+ORACLES = ["srtf", "optimal", "optimal-srpt"]  # told true job lengths (yardsticks); every other policy is not
 POLICIES = list(dict.fromkeys(PEERS + ["adaptive-goodput", "goodput", DEFAULT_POLICY]))
+# --quick: the three-type cluster, two Gavel traces, no per-decision optima or small
+# instances, the peers without the heuristic's variants (a few minutes on a loaded 2-core host)
+QUICK_POLICIES = list(dict.fromkeys(["fifo", "srtf", "gavel", "doubling", "adaptive", "sia", DEFAULT_POLICY]))
+QUICK_TRACES = {"23dbec": None, "6214e9": 100}
 RATIO_POLICIES = list(dict.fromkeys(["doubling", "adaptive", "goodput", DEFAULT_POLICY]))
 OPTIMA = ["optimal", "optimal-srpt"]  # per-decision MILP yardsticks (patterns, --quick)
 
@@ -50,10 +56,13 @@ def run_case(make, cluster, policy):
     return simulate(make(), cluster, policy)
 
 
-def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs: int = 200) -> list[dict]:
+def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs: int = 200,
+                traces: Path | None = None) -> list[dict]:
     seeds = [0] if quick else [0, 1, 2]
     n_jobs = 40 if quick else 100
     cases = []
+    policies = QUICK_POLICIES if quick else POLICIES
+    clusters = {"three-type": CLUSTERS["three-type"]} if quick else CLUSTERS
 
     def add(workload, cname, cluster, policies, makers):
         for pol in policies:
@@ -65,26 +74,35 @@ def simulations(quick: bool, public: dict[str, Path] | None = None, public_jobs:
                     "makespan_s": float(np.mean([r.makespan_s for r in res])),
                     "utilization": float(np.mean([r.utilization for r in res])),
                     "restarts": float(np.mean([r.restarts for r in res])),
+                    "gpu_hours_per_job": float(np.mean([r.utilization * cluster.total * r.makespan_s / 3600 / len(r.jct)
+                                                        for r in res])),
+                    "oracle": pol in ORACLES,
                     "decision_ms": float(np.mean([1e3 * r.decision_wall_s / max(1, r.decisions) for r in res]))}
             cases.append(case)
-            print(f"{workload:<22}{cname:<12}{pol:<16}{case['avg_jct_s'] / 3600:>10.3f}{case['p99_jct_s'] / 3600:>10.2f}"
+            label = pol + ("*" if pol in ORACLES else "")
+            print(f"{workload:<22}{cname:<12}{label:<16}{case['avg_jct_s'] / 3600:>10.3f}{case['p99_jct_s'] / 3600:>10.2f}"
                   f"{case['makespan_s'] / 3600:>10.2f}{case['utilization']:>6.2f}{case['restarts']:>9.1f}"
-                  f"{case['decision_ms']:>8.2f}", flush=True)
+                  f"{case['decision_ms']:>8.2f}{case['gpu_hours_per_job']:>10.2f}", flush=True)
 
+    print("lengths unknown to every policy but the oracles (marked *: srtf, optimal, optimal-srpt)")
     print(f"{'workload':<22}{'cluster':<12}{'policy':<16}{'avg JCT h':>10}{'p99 h':>10}{'mkspan h':>10}{'util':>6}"
-          f"{'restarts':>9}{'ms/dec':>8}")
-    for cname, spec in CLUSTERS.items():
+          f"{'restarts':>9}{'ms/dec':>8}{'GPU-h/job':>10}")
+    for cname, spec in clusters.items():
         cluster = parse_cluster_spec(spec)
         for pat in PATTERNS:
             makers = [lambda s=s, pat=pat: make_pattern(pat, n_jobs, cluster, seed=s) for s in seeds]
-            add(pat, cname, cluster, POLICIES + (OPTIMA if quick else []), makers)
-        for tr, limit in TRACES.items():
+            add(pat, cname, cluster, policies + ([] if quick else OPTIMA), makers)
+        for tr, limit in (QUICK_TRACES if quick else TRACES).items():
             makers = [lambda tr=tr, limit=limit: load_trace(tr, cluster, limit=limit or n_jobs)]
-            add(f"trace:{tr}", cname, cluster, POLICIES, makers)
+            add(f"trace:{tr}", cname, cluster, policies, makers)
         for kind, raw in (public or {}).items():  # a local copy of a public production trace
             lines = convert_public(kind, raw, limit=public_jobs)
             makers = [lambda lines=lines, kind=kind: parse_trace_lines(lines, cluster, source=kind)]
-            add(kind, cname, cluster, POLICIES, makers)
+            add(kind, cname, cluster, policies, makers)
+    for workload, cname, cluster, makers in trace_workloads(traces, quick) if traces else []:
+        add(workload, cname, cluster, policies, makers)
+    if quick:
+        return cases
     # small instances: the exact optimum is the yardstick
     for cname, spec in SMALL_CLUSTERS.items():
         cluster = parse_cluster_spec(spec)
@@ -115,7 +133,7 @@ def ratio_table(cases: list[dict]) -> list[dict]:
                 row[f"{pol}_over_{peer}"] = mine / val if mine and val else None
         rows.append(row)
     d = DEFAULT_POLICY
-    cols = [f"{d}_over_optimum", f"{d}_over_srtf", f"{d}_over_gavel", f"{d}_over_adaptive",
+    cols = [f"{d}_over_optimum", f"{d}_over_srtf", f"{d}_over_gavel", f"{d}_over_sia", f"{d}_over_adaptive",
             f"{d}_over_adaptive-goodput", "doubling_over_optimum", "doubling_over_srtf"]
     print(f"\n{'workload':<22}{'cluster':<12}" + "".join(f"{c.replace('_over_', '/'):>19}" for c in cols))
     for r in rows:
@@ -245,33 +263,46 @@ def _summary(out: dict | None) -> dict | None:
 
 
 def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: bool = False,
-          public: dict[str, Path] | None = None, public_jobs: int = 200, scale_policies: list[str] | None = None
-          ) -> dict:
-    cases = simulations(quick, public, public_jobs)
+          public: dict[str, Path] | None = None, public_jobs: int = 200, scale_policies: list[str] | None = None,
+          traces: Path | None = None) -> dict:
+    cases = simulations(quick, public, public_jobs, traces)
     ratios = ratio_table(cases)
     print()
     rnd = one_round()
-    sc = scale(quick, scale_policies)
+    openb_rnd = openb_one_round(traces, list(dict.fromkeys([DEFAULT_POLICY, "sia"]))) if traces else {}
+    sc = scale(quick, scale_policies or ([DEFAULT_POLICY] if quick else None))
     local, on_ray, sweep = (None, None, None) if skip_real else executor_runs()
     pats = [r for r in ratios if r["workload"] in PATTERNS or r["workload"].startswith("small:")]
     three_traces = [r for r in ratios if r["workload"].startswith("trace:") and r["cluster"] == "three-type"]
     d = DEFAULT_POLICY
-    worst_over = {p: max(r[f"{d}_over_{p}"] for r in ratios if r.get(f"{d}_over_{p}"))
-                  for p in PEERS + ["adaptive-goodput"] if p != d}
+    def worst(vals, pick=max):
+        vals = [v for v in vals if v]
+        return pick(vals) if vals else None
+
+    worst_over = {p: worst(r.get(f"{d}_over_{p}") for r in ratios) for p in PEERS + ["adaptive-goodput"] if p != d}
+    worst_over = {p: v for p, v in worst_over.items() if v is not None}
+    trace_rows = [r for r in ratios if r["workload"].startswith(("openb:", "philly:"))]
     checks = {
         "default_policy": d,
         f"worst_{d}_over_each_peer": worst_over,
-        f"{d}_no_worse_than_every_peer_everywhere": all(v <= 1.0 + 1e-9 for p, v in worst_over.items() if p in PEERS),
+        f"{d}_no_worse_than_every_peer_everywhere": all(v <= 1.0 + 1e-9 for p, v in worst_over.items()
+                                                        if p in PEERS and p not in ORACLES),
+        "oracle_peers": ORACLES,
+        f"worst_{d}_over_each_peer_production_traces": {p: worst(r.get(f"{d}_over_{p}") for r in trace_rows)
+                                                         for p in PEERS if p != d},
+        "one_round_openb_6212_gpus_2000_jobs_s": {p: {"cold": v["cold_s"], "next_decision": v["next_decision_s"]}
+                                                  for p, v in openb_rnd.items()},
+        "one_round_openb_next_decision_under_1s": openb_rnd[d]["next_decision_s"] < 1.0 if openb_rnd else None,
+        "one_round_openb_cold_under_1s": openb_rnd[d]["cold_s"] < 1.0 if openb_rnd else None,
         "one_round_2000_gpus_500_jobs_s": {p: max(v["cold_s"], v["with_running_s"]) for p, v in rnd.items()},
         "one_round_under_1s": max(rnd[d]["cold_s"], rnd[d]["with_running_s"]) < 1.0,
         "sim_1000_jobs_wall_s": {p: v["wall_s"] for p, v in sc.items()},
-        f"worst_{d}_over_optimum_patterns": max(r[f"{d}_over_optimum"] for r in pats if r[f"{d}_over_optimum"]),
-        f"worst_{d}_over_srtf": max(r[f"{d}_over_srtf"] for r in ratios),
-        f"worst_{d}_over_gavel_three_type_traces": max(r[f"{d}_over_gavel"] for r in three_traces),
-        "worst_doubling_over_optimum_patterns": max(r["doubling_over_optimum"] for r in pats
-                                                    if r["doubling_over_optimum"]),
-        "worst_doubling_over_srtf": max(r["doubling_over_srtf"] for r in ratios),
-        "best_doubling_over_fifo": min(r["doubling_over_fifo"] for r in ratios if r["doubling_over_fifo"]),
+        f"worst_{d}_over_optimum_patterns": worst(r.get(f"{d}_over_optimum") for r in pats),
+        f"worst_{d}_over_srtf": worst(r.get(f"{d}_over_srtf") for r in ratios),
+        f"worst_{d}_over_gavel_three_type_traces": worst(r.get(f"{d}_over_gavel") for r in three_traces),
+        "worst_doubling_over_optimum_patterns": worst(r.get("doubling_over_optimum") for r in pats),
+        "worst_doubling_over_srtf": worst(r.get("doubling_over_srtf") for r in ratios),
+        "best_doubling_over_fifo": worst((r.get("doubling_over_fifo") for r in ratios), min),
         "scale_under_60s": {p: v["wall_s"] < 60 for p, v in sc.items()},
         "local_sim_over_real": local["ratio"] if local else None,
         "ray_sim_over_real": on_ray["ratio"] if on_ray else None,
@@ -281,7 +312,8 @@ def bench(quick: bool, out_json: str | None, png_dir: str | None, skip_real: boo
         "worst_left_out_error_sweep": max(abs(r["left_out_s"] / r["measured_s"] - 1) for r in sweep) if sweep else None,
     }
     print("\nchecks:", json.dumps(checks, indent=1))
-    out = {"default_policy": d, "cases": cases, "ratios": ratios, "scale": sc, "one_round": rnd,
+    out = {"default_policy": d, "lengths": "unknown to every policy but the oracles", "cases": cases,
+           "ratios": ratios, "scale": sc, "one_round": rnd, "one_round_openb": openb_rnd,
            "sim_vs_real": _summary(local), "ray": _summary(on_ray), "fit_sweep": sweep, "checks": checks}
     if out_json:
         Path(out_json).write_text(json.dumps(out, indent=1))
@@ -306,13 +338,15 @@ def main() -> None:
     ap.add_argument("--no-real", action="store_true", help="simulations only (no real jobs, local or on Ray)")
     ap.add_argument("--philly", type=Path, help="a local copy of Philly's cluster_job_log (JSON), run as a workload")
     ap.add_argument("--helios", type=Path, help="a local copy of a Helios cluster_log.csv, run as a workload")
+    ap.add_argument("--traces", type=Path, help="folder with alibaba-openb-2023/ and philly-runtimes/: adds the "
+                    "openb:* and philly:* workloads and the one-round time on the whole OpenB cluster")
     ap.add_argument("--public-jobs", type=int, default=200, help="jobs taken from each public trace (default 200)")
     ap.add_argument("--scale-policies", help="policies of the 1,000-job scale run, comma-separated "
                     "(default: the default policy, adaptive, doubling)")
     args = ap.parse_args()
     public = {k: v for k, v in (("philly", args.philly), ("helios", args.helios)) if v is not None}
     bench(args.quick, args.json, args.png, skip_real=args.no_real, public=public, public_jobs=args.public_jobs,
-          scale_policies=args.scale_policies.split(",") if args.scale_policies else None)
+          scale_policies=args.scale_policies.split(",") if args.scale_policies else None, traces=args.traces)
 
 
 if __name__ == "__main__":

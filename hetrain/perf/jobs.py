@@ -228,8 +228,13 @@ class JobFit:
         return RingCurve(dict(self.compute_s), model_bytes=self.model_bytes, bandwidth=self.bandwidth,
                          latency=self.latency, overhead_s=self.overhead_s, max_g=max_g)
 
-    def step_time(self, gpu_type: str, g: int) -> float:
-        return self.curve().step_time(gpu_type, g)
+    def step_time(self, gpu_type: str, g: int, batch_ratio: float = 1.0) -> float:
+        """Seconds per step on g GPUs of gpu_type at `batch_ratio` times the base batch
+        (the compute term scales with the batch, overhead and communication do not)."""
+        base = self.curve().step_time(gpu_type, g)
+        if batch_ratio == 1.0 or gpu_type not in self.compute_s:
+            return base
+        return base + (batch_ratio - 1.0) * self.compute_s[gpu_type] / g
 
 
 def fit_job(samples: Sequence[StepSample], prior: RingCurve, base_batch: int = 0) -> JobFit:

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     s.add_argument("--restart-cost", type=float, default=10.0, help="seconds a stop + restart costs a job")
     s.add_argument("--throughputs", help="simulation_throughputs.json (default: the copy shipped in hetrain/data/gavel)")
     s.add_argument("--out", help="folder for jct_cdf.png, timeline_<policy>.png and summary.json")
+    s.add_argument("--lengths", choices=["unknown", "known"], default="unknown",
+                   help="whether policies are told each job's remaining work (default unknown, as in production; "
+                        "srtf and optimal are always told)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_simulate)
     r = sub.add_parser("run", help="run a small workload of real training jobs under a policy")
@@ -73,7 +76,7 @@ def _simulate(args) -> int:
     print(f"{'policy':<16}{'avg JCT h':>10}{'p99 JCT h':>10}{'makespan h':>11}{'util':>6}{'restarts':>9}"
           f"{'ms/decision':>12}")
     for name, pol in zip(names, pols):
-        res = simulate(make(), cluster, pol, progress=show)
+        res = simulate(make(), cluster, pol, progress=show, lengths=args.lengths)
         s = res.summary()
         results.append(res)
         print(f"{name:<16}{s['avg_jct_s'] / 3600:>10.3f}{s['p99_jct_s'] / 3600:>10.3f}{s['makespan_s'] / 3600:>11.2f}"

@@ -382,7 +382,9 @@ def simulate_workload(specs: list[RealJobSpec], cluster: Inventory, policy, rest
                 _even_sizes_only(table, s.batch)
         j.start_cost = start_cost
         jobs.append(j)
-    res = simulate(jobs, cluster, policy)
+    # the executor tells its policy each job's remaining steps (a RealJobSpec declares them),
+    # so the simulated counterpart does too
+    res = simulate(jobs, cluster, policy, lengths="known")
     return {"avg_jct_s": res.avg_jct_s, "restarts": res.restarts,
             "jct_s": {s.name: float(x) for s, x in zip(specs, res.jct)}}
 

@@ -40,6 +40,8 @@ class Job:
     restart_cost: float = 10.0    # seconds lost per stop + restart
     remaining: float = field(default=-1.0)
     started: bool = False         # has run before: a new size costs a restart
+    restarts: int = 0             # restarts so far (Sia's restart penalty reads it)
+    estimate: float | None = None  # the user's estimate of the total work, if any (lengths unknown)
     start_cost: float = 0.0       # seconds before the first step of a cold start
     # seconds the job has held GPUs of each type (kept by the simulator and the executor;
     # Gavel's round-based mechanism compares it with the time shares its LP asks for)
@@ -92,6 +94,22 @@ class Job:
         """Types sorted fastest first for this job at n GPUs (or at its feasible size)."""
         col = self.rates[:, min(max(n, 1), self.rates.shape[1] - 1)]
         return [int(i) for i in np.argsort(-col, kind="stable")]
+
+
+PRIOR_GPU_S = 3600.0  # a job not yet run, without a user's estimate, is assumed one GPU-hour long
+
+
+def length_estimate(job: Job, done: float) -> float:
+    """The remaining work a scheduler that is not told lengths assumes, from what the job
+    itself shows: its user's estimate while the job is within it, else as much again as
+    it has done (in heavy-tailed workloads, such as Philly's, a job that has run long is
+    likely to run long: the expected remainder grows with the age), and at least the
+    prior: PRIOR_GPU_S of work on one GPU of its fastest type. Shortest-estimate-first
+    on this is least-attained-service first among jobs past the prior (Tiresias)."""
+    prior = PRIOR_GPU_S * float(job.base_rates[:, 1].max()) if job.base_rates.shape[1] > 1 else 0.0
+    if job.estimate is not None and job.estimate > done:
+        return float(job.estimate - done)
+    return max(float(done), prior, 1e-9)
 
 
 def use_goodput(jobs, on: bool) -> None:

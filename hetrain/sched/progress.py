@@ -82,17 +82,20 @@ def sample_of(p: Progress, gpu_type: str) -> StepSample | None:
 
 
 def measured_step_times(runs: Sequence[JobRun], types: Sequence[str]) -> list[dict]:
-    """Per job and size: measured mean step, the final fit's prediction, and the prediction
-    the fit made before the job first ran at that size."""
+    """Per job, size and batch: measured mean step, the final fit's prediction at that
+    batch, and the prediction the fit made before the job first ran at that size. A job a
+    goodput-aware policy moved to another batch is compared at the batch it ran (the fit
+    at the base batch against a step at twice the batch would read 50% off)."""
     out = []
     for r in runs:
-        by: dict[tuple[str, int], list[StepSample]] = {}
+        by: dict[tuple[str, int, int], list[StepSample]] = {}
         for s in r.all_samples():
-            by.setdefault((s.gpu_type, s.g), []).append(s)
-        for (t, g), ss in sorted(by.items()):
+            by.setdefault((s.gpu_type, s.g, s.batch or r.spec.batch), []).append(s)
+        for (t, g, batch), ss in sorted(by.items()):
             n = sum(s.steps for s in ss)
             meas = sum(s.step_s * s.steps for s in ss) / n
-            out.append({"job": r.spec.name, "gpu_type": t, "gpus": g, "steps": n, "measured_s": meas,
-                        "fitted_s": r.fit.step_time(t, g) if r.fit else None,
-                        "predicted_before_s": r.predicted.get((t, g))})
+            ratio = batch / r.spec.batch if r.spec.batch else 1.0
+            out.append({"job": r.spec.name, "gpu_type": t, "gpus": g, "batch": batch, "steps": n, "measured_s": meas,
+                        "fitted_s": r.fit.step_time(t, g, ratio) if r.fit else None,
+                        "predicted_before_s": r.predicted.get((t, g)) if ratio == 1.0 else None})
     return out

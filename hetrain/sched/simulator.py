@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
 from ..cluster.hardware import Inventory
-from .job import Allocation, Job, use_goodput
+from .job import Allocation, Job, length_estimate, use_goodput
 from .policies import Policy, check_allocation, get_policy
 
 _EPS = 1e-9
@@ -70,6 +70,7 @@ def _reset_jobs(jobs: Sequence[Job], cluster: Inventory, pol: Policy) -> None:
     use_goodput(jobs, getattr(pol, "adapts_batch", False))
     for j in jobs:
         j.started = False
+        j.restarts = 0
         j.service_s = np.zeros(len(cluster.names))
 
 
@@ -102,6 +103,7 @@ def _apply_changes(jobs: Sequence[Job], idx_of: dict[int, int], alloc: Allocatio
             continue
         if job.started:
             restarts[i] += 1
+            job.restarts += 1
             pause_until[i] = now + job.restart_cost
         else:
             job.started = True
@@ -110,9 +112,17 @@ def _apply_changes(jobs: Sequence[Job], idx_of: dict[int, int], alloc: Allocatio
         rate[i] = job.rate(new_a)
 
 
+Lengths = Literal["unknown", "known"]
+
+
 def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, progress: bool = False,
-             validate: bool = True) -> SimResult:
-    """Run `jobs` (fresh Job objects; their `remaining` is consumed) to completion."""
+             validate: bool = True, lengths: Lengths = "unknown") -> SimResult:
+    """Run `jobs` (fresh Job objects; their `remaining` is consumed) to completion.
+
+    lengths="unknown" (default, as in production): a policy sees as each job's
+    `remaining` only `job.length_estimate` (its user's estimate or its own progress), not
+    its true remaining work, unless it is flagged `oracle` (srtf and the per-decision
+    optima: yardsticks that are told). "known" tells every policy."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
     name = policy if isinstance(policy, str) else getattr(policy, "policy_name", getattr(policy, "__name__", "?"))
     t_wall = time.perf_counter()
@@ -127,6 +137,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
     restarts = np.zeros(n, dtype=np.int64)
     _reset_jobs(jobs, cluster, pol)
     round_s = getattr(pol, "round_s", None)
+    told = lengths == "known" or getattr(pol, "oracle", False)
     idx_of = {j.job_id: i for i, j in enumerate(jobs)}
     if len(idx_of) != n:
         raise ValueError("job ids must be unique")
@@ -184,7 +195,8 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
         # re-plan
         act_jobs = [jobs[i] for i in active]
         for j in act_jobs:
-            j.remaining = float(rem[idx_of[j.job_id]])
+            left = float(rem[idx_of[j.job_id]])
+            j.remaining = left if told else length_estimate(j, j.work - left)
         t_dec = time.perf_counter()
         new = pol(act_jobs, cluster, alloc, now)
         decision_s += time.perf_counter() - t_dec

@@ -65,3 +65,21 @@ def test_cluster_yaml(tmp_path):
     f.write_text("gpus: {v100: two}\n")
     with pytest.raises(ClusterArgError, match="gpus.v100"):
         parse_cluster_spec(str(f))
+
+
+def test_fit_predicts_the_step_at_the_batch_a_job_ran():
+    """A job run at twice its base batch is predicted at that batch: comparing its measured
+    step with the base-batch prediction would read about 50% off with a perfect fit."""
+    from hetrain.perf.jobs import StepSample, fit_job
+
+    truth = RingCurve({"v100": 0.4}, model_bytes=4e6, bandwidth=1e9, overhead_s=0.02)
+    prior = RingCurve({"v100": 1.0}, model_bytes=4e6, bandwidth=5e8)
+    samples = []
+    for g, ratio in ((1, 1), (2, 2), (4, 2)):
+        comm = truth.step_time("v100", g) - 0.02 - 0.4 / g
+        samples.append(StepSample("v100", g, 50, 0.02 + ratio * 0.4 / g, comm, batch=32 * ratio))
+    fit = fit_job(samples, prior, base_batch=32)
+    for s in samples:
+        assert fit.step_time("v100", s.g, s.batch / 32) == pytest.approx(s.step_s, rel=1e-6)
+    assert fit.step_time("v100", 2) == pytest.approx(truth.step_time("v100", 2), rel=1e-6)
+    assert fit.step_time("v100", 2) / samples[1].step_s < 0.6  # the old comparison: about 47% off

@@ -46,7 +46,7 @@ def policy_names() -> list[str]:
 
 
 def _load_all() -> None:
-    from . import adaptive, doubling, fifo, gavel, goodput, optimal, srtf  # noqa: F401  (modules register themselves)
+    from . import adaptive, doubling, fifo, gavel, goodput, optimal, sia, srtf  # noqa: F401  (modules register themselves)
 
 
 def check_allocation(jobs: Sequence[Job], cluster: Inventory, alloc: Allocation) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..job import Alloc
+from ..quiet import quiet_stdout
 from . import register
 
 ROUND_S = 360.0
@@ -51,7 +52,8 @@ def _max_min(coef: np.ndarray, sf: np.ndarray, caps: np.ndarray) -> np.ndarray:
     bounds = [(0.0, 1.0 if c > 0 else 0.0) for c in coef.ravel()] + [(0.0, None)]
     c = np.zeros(nv)
     c[-1] = -1.0
-    res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+    with quiet_stdout():
+        res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:  # pragma: no cover - x = 0 is always feasible
         raise RuntimeError(f"Gavel's LP failed: {res.message}")
     return res.x[:-1].reshape(nj, nt).clip(0.0, 1.0)

@@ -18,33 +18,22 @@ so that jobs of very different speeds compare). With p = 1 the objective is the 
 of the jobs' completion *rates* 1/est: short jobs and large speed-ups win, as in SRPT;
 p < 1 flattens the speed-up (a job values its second GPU less than its first: Sia's
 fairness knob, p -> 0 admits the most, shortest jobs), p > 1 sharpens it. Solved with
-SciPy's HiGHS (`milp`); `exhaustive` enumerates every choice for the tests.
+SciPy's HiGHS through `mckp.choose` (certified within 0.5%); `exhaustive` enumerates every choice for the tests.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import UserError
 from ..job import Alloc
 from . import register
+from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
-DEFAULT_P = 1.0
-MIP_GAP = 1e-4  # relative optimality gap HiGHS stops at
+DEFAULT_P = 0.5  # with lengths unknown the best of 1, 0.5, 0.25 on 2 of 3 three-type patterns (docs/scheduling.md)
 NODE_GPUS = 8
 FINE_POOL = 128
-
-
-@dataclass(frozen=True)
-class Configs:
-    """The integer program's columns: job index, type, count and value of each."""
-
-    job: np.ndarray
-    type: np.ndarray
-    n: np.ndarray
-    value: np.ndarray
 
 
 def _counts(job, cap: int, current: int | None) -> list[int]:
@@ -63,72 +52,75 @@ def _counts(job, cap: int, current: int | None) -> list[int]:
     return out
 
 
+def _candidates(job, cluster, cur: Alloc | None, ckey: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(types, counts, rates) a job may run on, cached on the job: they change only when
+    its rate table (goodput on/off), the cluster or its current allocation does, so a
+    decision re-prices the jobs (their remaining work moved) without rebuilding these."""
+    key = (id(job.rates), ckey, cur)
+    cache = getattr(job, "_cands", None)
+    if cache is not None and cache[0] == key:
+        return cache[1]
+    ts, ns = [], []
+    for t, cap in enumerate(cluster.counts):
+        for n in _counts(job, int(cap), cur.n if cur is not None and cur.type == t else None):
+            if job.rates[t, n] > 0:
+                ts.append(t)
+                ns.append(n)
+    ts_a, ns_a = np.array(ts, dtype=np.int64), np.array(ns, dtype=np.int64)
+    out = (ts_a, ns_a, job.rates[ts_a, ns_a] if ts else np.zeros(0))
+    job._cands = (key, out)
+    return out
+
+
 def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
-    """Every (job, type, count) a job can run on, with its value in the objective."""
-    cols_j, cols_t, cols_n, cols_v = [], [], [], []
-    for i, job in enumerate(jobs):
-        cur = allocation.get(job.job_id)
-        ts, ns = [], []
-        for t, cap in enumerate(cluster.counts):
-            for n in _counts(job, int(cap), cur.n if cur is not None and cur.type == t else None):
-                if job.rates[t, n] > 0:
-                    ts.append(t)
-                    ns.append(n)
-        if not ts:
-            continue
-        ts_a, ns_a = np.array(ts), np.array(ns)
-        rate = job.rates[ts_a, ns_a]
-        same = np.array([cur is not None and cur == Alloc(t, n) for t, n in zip(ts, ns)])
-        restart = np.where(same, 0.0, job.restart_cost if job.started else 0.0)
-        est = restart + job.remaining / rate
-        ref = max(float(est.max()), 1e-9)
-        val = (ref / np.maximum(est, 1e-9)) ** p / ref
-        # a count worth no more than a smaller one on the same type only takes GPUs: drop it
-        order = np.lexsort((ns_a, ts_a))
-        keep = np.zeros(len(ts), dtype=bool)
-        best_on = {}
-        for k in order.tolist():
-            if val[k] > best_on.get(ts[k], 0.0):
-                keep[k] = True
-                best_on[ts[k]] = val[k]
-        cols_j.append(np.full(int(keep.sum()), i))
-        cols_t.append(ts_a[keep])
-        cols_n.append(ns_a[keep])
-        cols_v.append(val[keep])
-    if not cols_j:
+    """Every (job, type, count) a job can run on, with its value in the objective,
+    priced for all jobs at once (numpy over the concatenated candidates)."""
+    ckey = (cluster.spec, tuple(int(c) for c in cluster.counts))
+    parts = [_candidates(job, cluster, allocation.get(job.job_id), ckey) for job in jobs]
+    sizes = np.array([len(c[0]) for c in parts], dtype=np.int64)
+    if not sizes.sum():
         e = np.zeros(0, dtype=np.int64)
         return Configs(e, e, e, np.zeros(0))
-    return Configs(np.concatenate(cols_j), np.concatenate(cols_t), np.concatenate(cols_n), np.concatenate(cols_v))
+    jidx = np.repeat(np.arange(len(jobs)), sizes)
+    ts = np.concatenate([c[0] for c in parts])
+    ns = np.concatenate([c[1] for c in parts])
+    rate = np.concatenate([c[2] for c in parts])
+    cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
+    cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
+    penalty = np.array([j.restart_cost if j.started else 0.0 for j in jobs])
+    rem = np.array([j.remaining for j in jobs], dtype=float)
+    same = (ts == cur_t[jidx]) & (ns == cur_n[jidx])
+    est = np.where(same, 0.0, penalty[jidx]) + rem[jidx] / rate
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
+    ref = np.zeros(len(jobs))
+    ref[sizes > 0] = np.maximum(np.maximum.reduceat(est, starts), 1e-9)
+    val = (ref[jidx] / np.maximum(est, 1e-9)) ** p / ref[jidx]
+    # a count worth no more than a smaller one on the same type only takes GPUs: drop it.
+    # Within each (job, type) group in count order keep a column only if it beats every
+    # smaller count: a running maximum that restarts per group (values scaled to (0, 1]
+    # per job and offset by 2 per group so one accumulate serves every group).
+    order = np.lexsort((ns, ts, jidx))
+    vs, js, tss = val[order], jidx[order], ts[order]
+    top = np.zeros(len(jobs))
+    np.maximum.at(top, jidx, val)
+    group = np.concatenate([[0], np.cumsum((js[1:] != js[:-1]) | (tss[1:] != tss[:-1]))])
+    key = vs / top[js] + 2.0 * group
+    prev = np.concatenate([[-1.0], np.maximum.accumulate(key)[:-1]])
+    keep = np.zeros(len(val), dtype=bool)
+    keep[order] = key > prev
+    return Configs(jidx[keep], ts[keep], ns[keep], val[keep])
 
 
-def solve(jobs, cluster, allocation, p: float = DEFAULT_P, time_limit: float | None = None) -> dict[int, Alloc]:
-    """The integer program above, by HiGHS; returns job_id -> Alloc for the jobs that run."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_array
-
+def solve(jobs, cluster, allocation, p: float = DEFAULT_P, time_limit: float | None = None,
+          warm: Prices | None = None) -> dict[int, Alloc]:
+    """The integer program above (`choose`); returns job_id -> Alloc for the jobs that run."""
     jobs = list(jobs)
     cfg = configurations(jobs, cluster, allocation, p)
-    nv = len(cfg.value)
-    if nv == 0:
+    if not len(cfg.value):
         return {}
-    cols = np.arange(nv)
-    one = csr_array((np.ones(nv), (cfg.job, cols)), shape=(len(jobs), nv))
-    cap = csr_array((cfg.n.astype(float), (cfg.type, cols)), shape=(len(cluster.names), nv))
-    cons = [LinearConstraint(one, -np.inf, 1.0),
-            LinearConstraint(cap, -np.inf, np.asarray(cluster.capacity, dtype=float))]
-    scale = float(cfg.value.max())
-    # the relaxation is nearly integral (a multiple-choice knapsack with one row per GPU
-    # type): presolve costs more than it saves, and a 1e-4 relative gap ends the search
-    options = {"mip_rel_gap": MIP_GAP, "presolve": False}
-    if time_limit is not None:
-        options["time_limit"] = float(time_limit)
-    res = milp(-cfg.value / scale, constraints=cons, integrality=np.ones(nv), bounds=Bounds(0, 1), options=options)
-    if res.x is None:  # pragma: no cover - x = 0 is always feasible
-        raise RuntimeError(f"the goodput integer program failed: {res.message}")
-    out = {}
-    for k in np.flatnonzero(res.x > 0.5):
-        out[jobs[cfg.job[k]].job_id] = Alloc(int(cfg.type[k]), int(cfg.n[k]))
-    return out
+    x = choose(cfg, len(jobs), cluster.capacity, warm) if time_limit is None else \
+        _milp(cfg, len(jobs), cluster.capacity, time_limit)
+    return {jobs[cfg.job[k]].job_id: Alloc(int(cfg.type[k]), int(cfg.n[k])) for k in np.flatnonzero(x)}
 
 
 def objective(jobs, cluster, allocation, plan, p: float = DEFAULT_P) -> float:
@@ -168,11 +160,14 @@ def goodput_policy(p: float = DEFAULT_P, name: str = "goodput"):
     if not p > 0:
         raise UserError(f"the fairness knob p must be > 0, got {p}")
 
+    warm = Prices()  # the last decision's GPU prices: a hint, every plan is certified anew
+
     def policy(jobs, cluster, allocation, now):
-        return solve(jobs, cluster, allocation, p)
+        return solve(jobs, cluster, allocation, p, warm=warm)
 
     policy.policy_name = name
     policy.adapts_batch = True
+    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices
     return policy
 
 

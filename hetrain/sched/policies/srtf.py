@@ -31,3 +31,6 @@ def srtf(jobs, cluster, allocation, now):
                 free[t] -= n
                 break
     return out
+
+
+srtf.oracle = True  # type: ignore[attr-defined]  # an oracle yardstick: told true remaining times
