@@ -111,7 +111,7 @@ def local_shm(ctx) -> ShmCollective | None:
     from ..group import Group
     from ..shm.select import usable
 
-    if ctx.local_host_groups is None:
+    if getattr(ctx, "local_host_groups", None) is None:
         return None
     members = Group(f"local-{ctx.machine_name}", tuple(ctx.local_ranks), ctx.local_host_groups[0])
     return ShmCollective(ctx, members, cuda=False) if usable(ctx, members) else None
