@@ -73,18 +73,25 @@ class ShmCollective:
         self.members = members
         self.cuda = cuda
         self.host = None  # the HostGroup, made at the first `begin`
+        self.fallback: ProcessGroupCollective | None = None  # where /dev/shm has no room (host buffers)
 
     @property
     def device_work(self) -> bool:
         return self.cuda
 
     def begin(self, layout, on_device: bool) -> None:
-        if self.host is None:
+        if self.host is None and self.fallback is None:
             from ..shm.select import build
 
             self.host = build(self.ctx, self.members, self.cuda)
+            if self.host is None:
+                self.fallback = ProcessGroupCollective(self.ctx, self.members)
+        if self.fallback is not None:
+            self.fallback.begin(layout, on_device)
 
     def start(self, pid: int, sent, view, what: str):
+        if self.fallback is not None:
+            return self.fallback.start(pid, sent, view, what)
         return self.host.start(sent, what=f"{what} (bucket {pid})")
 
     def close(self) -> None:
