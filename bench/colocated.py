@@ -9,6 +9,10 @@ writes 5N + N/n bytes (copy in 2N; sum of its slice of every segment N + N/n; it
 back into its segment 2N/n; gather of the other slices 2N(n-1)/n), and a memcpy of B
 bytes reads and writes 2B; with more processes than cores they share them.
 
+Beside the wall times, the CPU seconds each all-reduce took in all processes together
+(`time.process_time`, every thread: gloo's I/O threads too): the work each way needs,
+which a loaded host does not change as much as it changes wall time.
+
 Used by bench/comm.py (its `colocated` section); alone:
 
     python bench/colocated.py --procs 2,4 --mb 4,100 --json out.json
@@ -50,16 +54,22 @@ def memcpy_bound(nbytes: int, n: int, speed: float, cores: int) -> float:
     return (2.5 + 0.5 / n) * nbytes / speed * n / min(n, cores)
 
 
-def _timed(op, repeats: int) -> list[float]:
-    """Per repeat: this process's time from a common start (a barrier) to its op's end."""
-    op()  # warm-up: first touch of the pages, gloo's buffers
-    out = []
+def _timed(ops: list, repeats: int) -> list[list[float]]:
+    """Per op and repeat: this process's time from a common start (a barrier) to the op's
+    end, then per op and repeat the CPU time the process spent in it. The ops take turns
+    within each repeat (A B A B ...), so a host whose load drifts slows them alike."""
+    for op in ops:
+        op()  # warm-up: first touch of the pages, gloo's buffers
+    out: list[list[float]] = [[] for _ in ops]
+    cpu: list[list[float]] = [[] for _ in ops]
     for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        op()
-        out.append(time.perf_counter() - t0)
-    return out
+        for k, op in enumerate(ops):
+            dist.barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            op()
+            out[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)  # every thread of the process (gloo's too)
+    return out + cpu
 
 
 def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -> None:
@@ -72,12 +82,14 @@ def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -
     res = {}
     for nbytes in sizes:
         x = torch.randn(nbytes // 4)
-        shm = _timed(lambda: group.all_reduce(x), repeats)
-        gloo = _timed(lambda: dist.all_reduce(x), repeats)
-        # each repeat's time is the slowest process's
+        shm, gloo, shm_cpu, gloo_cpu = _timed([lambda: group.all_reduce(x), lambda: dist.all_reduce(x)], repeats)
+        # each repeat's time is the slowest process's; its CPU time, all processes' together
         t = torch.tensor([shm, gloo], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        res[nbytes] = {"shm_s": statistics.median(t[0].tolist()), "gloo_s": statistics.median(t[1].tolist())}
+        c = torch.tensor([shm_cpu, gloo_cpu], dtype=torch.float64)
+        dist.all_reduce(c)
+        res[nbytes] = {"shm_s": statistics.median(t[0].tolist()), "gloo_s": statistics.median(t[1].tolist()),
+                       "shm_cpu_s": statistics.median(c[0].tolist()), "gloo_cpu_s": statistics.median(c[1].tolist())}
         del x
     group.close()
     if rank == 0:
@@ -103,20 +115,22 @@ def run(procs: list[int], sizes: list[int], repeats: int) -> list[dict]:
                 p.join(120)
         for nbytes in sizes:
             r = res[nbytes]
-            cases.append({"procs": n, "bytes": nbytes, "shm_s": r["shm_s"], "gloo_s": r["gloo_s"],
+            cases.append({"procs": n, "bytes": nbytes, **r,
                           "memcpy_bound_s": memcpy_bound(nbytes, n, speed, cores),
                           "gloo_over_shm": r["gloo_s"] / r["shm_s"]})
     return [dict(c, memcpy_Bps=speed, cores=cores, repeats=repeats) for c in cases]
 
 
 def table(cases: list[dict]) -> str:
-    head = f"{'procs':>5}{'MB':>6}{'shm s':>10}{'gloo s':>10}{'gloo/shm':>9}{'memcpy bound s':>16}{'shm/bound':>10}"
+    head = (f"{'procs':>5}{'MB':>6}{'shm s':>10}{'gloo s':>10}{'gloo/shm':>9}{'memcpy bound s':>16}{'shm/bound':>10}"
+            f"{'shm cpu s':>11}{'gloo cpu s':>11}{'cpu gloo/shm':>13}")
     rows = [head, "-" * len(head)]
     for c in cases:
         rows.append(f"{c['procs']:>5}{c['bytes'] / 1e6:>6.0f}{c['shm_s']:>10.4f}{c['gloo_s']:>10.4f}"
-                    f"{c['gloo_over_shm']:>9.2f}{c['memcpy_bound_s']:>16.4f}{c['shm_s'] / c['memcpy_bound_s']:>10.2f}")
+                    f"{c['gloo_over_shm']:>9.2f}{c['memcpy_bound_s']:>16.4f}{c['shm_s'] / c['memcpy_bound_s']:>10.2f}"
+                    f"{c['shm_cpu_s']:>11.4f}{c['gloo_cpu_s']:>11.4f}{c['gloo_cpu_s'] / c['shm_cpu_s']:>13.2f}")
     c = cases[0]
-    rows.append(f"(medians of {c['repeats']}, each the slowest process's; memcpy {c['memcpy_Bps'] / 1e9:.2f} GB/s on one "
+    rows.append(f"(medians of {c['repeats']}, shm and gloo taking turns, each the slowest process's; memcpy {c['memcpy_Bps'] / 1e9:.2f} GB/s on one "
                 f"thread; {c['cores']} cores; bound = (2.5 + 0.5/n)·N/S·n/min(n, cores))")
     return "\n".join(rows)
 

@@ -164,3 +164,36 @@ def test_the_launcher_removes_what_a_killed_process_left():
     assert len(job_segments(job)) == 1
     assert remove_job_segments(job) == 1
     assert job_segments(job) == []
+
+
+def _no_room_member(rank: int, n: int, path: str, out) -> None:
+    import warnings
+    from types import SimpleNamespace
+
+    from hetrain.comm.group import Group
+    from hetrain.comm.shm import select
+    from hetrain.comm.transports.collective import ShmCollective
+
+    _init(rank, n, path)
+    select._capacity = lambda members: 0  # /dev/shm without room, as every member finds it
+    ctx = SimpleNamespace(env=SimpleNamespace(restart=0, job_id="noroom", origin="hetrain"), rank=rank,
+                          comm=SimpleNamespace(op_timeout_s=60.0), device=torch.device("cpu"))
+    coll = ShmCollective(ctx, Group("workers", tuple(range(n)), dist.group.WORLD), cuda=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        coll.begin(None, on_device=False)
+    x = torch.full((1001,), float(rank + 1))
+    coll.start(0, x, x, "all-reducing").wait()
+    out.put((rank, coll.host is None and coll.fallback is not None, x[0].item(),
+             any("gloo carries it" in str(w.message) for w in seen)))
+    dist.destroy_process_group()
+
+
+def test_without_room_in_dev_shm_host_buffers_keep_gloo(tmp_path):
+    n = 2
+    q = mp.get_context("spawn").Queue()
+    procs = _spawn(_no_room_member, n, str(tmp_path / "pg"), q)
+    got = sorted(q.get(timeout=120) for _ in range(n))
+    for p in procs:
+        p.join(30)
+    assert got == [(0, True, 3.0, True), (1, True, 3.0, True)]

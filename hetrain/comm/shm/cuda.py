@@ -17,17 +17,27 @@ peers'): page-locked memory the copy engines read and write directly.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ...errors import UserError
 from .group import HostGroup, ShmWork
 
 
-def _register(t: torch.Tensor) -> None:
-    err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-    if int(err) != 0:
-        raise UserError(f"cudaHostRegister of a {t.numel() >> 20} MiB shared-memory segment failed ({err}); "
-                        "raise the locked-memory limit (ulimit -l) or run the job without CUDA tensors here")
+def _register(t: torch.Tensor) -> bool:
+    """Page-lock `t`'s memory for the copy engines; False where CUDA refuses (a locked-memory
+    limit, `ulimit -l`): the copies then still work, from pageable memory, only slower."""
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    except (RuntimeError, AttributeError) as exc:
+        err = exc
+    if not isinstance(err, BaseException) and int(err) == 0:
+        return True
+    warnings.warn(f"cudaHostRegister of a {t.numel() >> 20} MiB shared-memory segment failed ({err}); its copies "
+                  "to and from the GPU go unpinned (slower). Raise the locked-memory limit (ulimit -l) to pin it",
+                  RuntimeWarning, stacklevel=2)
+    return False
 
 
 def _unregister(t: torch.Tensor) -> None:
@@ -43,13 +53,9 @@ class CudaHostGroup(HostGroup):
         self.device = device
         self.copy = torch.cuda.Stream(device)
         self._pinned: list[torch.Tensor] = []
-        try:
-            for s in self.segments:
-                _register(s.data)
+        for s in self.segments:
+            if _register(s.data):
                 self._pinned.append(s.data)
-        except BaseException:
-            self.close()
-            raise
         self._out: torch.Tensor | None = None  # host accumulator of this member's slice
 
     def start(self, t: torch.Tensor, average: bool = False, what: str = "all-reducing") -> ShmWork:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 from collections import defaultdict
 
 import torch
@@ -35,29 +36,35 @@ def usable(ctx, members) -> bool:
 
 def _capacity(members) -> int:
     """Bytes per member's segment: the default, less where /dev/shm is small (a container's
-    64 MiB default), the same on every member (their minimum, over gloo: control only)."""
+    64 MiB default), the same on every member (their minimum, over gloo: control only);
+    under `MIN_CAPACITY` where /dev/shm has no room at all."""
     st = os.statvfs(SHM_DIR)
     free = st.f_bavail * st.f_frsize
     cap = min(DEFAULT_CAPACITY, free // (2 * members.size)) // MIN_CAPACITY * MIN_CAPACITY
     t = torch.tensor([cap], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=members.gloo)
-    cap = int(t.item())
-    if cap < MIN_CAPACITY:
-        raise UserError(f"{SHM_DIR} has too little free space for the shared-memory all-reduce of {members.size} "
-                        f"processes ({free >> 20} MiB free here); free some, or give the container more "
-                        "(docker run --shm-size=1g)")
-    return cap
+    return int(t.item())
 
 
-def build(ctx, members, cuda: bool) -> HostGroup:
-    """The host group of this engine's members (called by every member at its first step)."""
+def build(ctx, members, cuda: bool) -> HostGroup | None:
+    """The host group of this engine's members (called by every member at its first step).
+    None where /dev/shm has no room for it (every member learns the same): host buffers
+    then keep gloo; CUDA buffers, which gloo cannot take, need the room."""
     key = f"r{ctx.env.restart}-{members.name}{next(_MADE[members.name])}"
+    capacity = _capacity(members)
+    if capacity < MIN_CAPACITY:
+        if not cuda:
+            warnings.warn(f"{SHM_DIR} has no room for the shared-memory all-reduce of {members.size} processes; "
+                          "gloo carries it (give the container more: docker run --shm-size=1g)", RuntimeWarning)
+            return None
+        raise UserError(f"{SHM_DIR} has too little free space for the shared-memory all-reduce of {members.size} "
+                        "processes with CUDA tensors; free some, or give the container more (docker run --shm-size=1g)")
 
     def barrier() -> None:  # control only: the segments exist / are mapped
         dist.barrier(group=members.gloo)
 
     kw = dict(job_id=ctx.env.job_id, secret=load_secret(), key=key, ranks=members.ranks, rank=ctx.rank,
-              barrier=barrier, capacity=_capacity(members), timeout_s=ctx.comm.op_timeout_s)
+              barrier=barrier, capacity=capacity, timeout_s=ctx.comm.op_timeout_s)
     try:
         if cuda:
             from .cuda import CudaHostGroup

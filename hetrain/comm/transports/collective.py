@@ -73,18 +73,25 @@ class ShmCollective:
         self.members = members
         self.cuda = cuda
         self.host = None  # the HostGroup, made at the first `begin`
+        self.fallback: ProcessGroupCollective | None = None  # where /dev/shm has no room (host buffers)
 
     @property
     def device_work(self) -> bool:
         return self.cuda
 
     def begin(self, layout, on_device: bool) -> None:
-        if self.host is None:
+        if self.host is None and self.fallback is None:
             from ..shm.select import build
 
             self.host = build(self.ctx, self.members, self.cuda)
+            if self.host is None:
+                self.fallback = ProcessGroupCollective(self.ctx, self.members)
+        if self.fallback is not None:
+            self.fallback.begin(layout, on_device)
 
     def start(self, pid: int, sent, view, what: str):
+        if self.fallback is not None:
+            return self.fallback.start(pid, sent, view, what)
         return self.host.start(sent, what=f"{what} (bucket {pid})")
 
     def close(self) -> None:
@@ -111,7 +118,7 @@ def local_shm(ctx) -> ShmCollective | None:
     from ..group import Group
     from ..shm.select import usable
 
-    if ctx.local_host_groups is None:
+    if getattr(ctx, "local_host_groups", None) is None:
         return None
     members = Group(f"local-{ctx.machine_name}", tuple(ctx.local_ranks), ctx.local_host_groups[0])
     return ShmCollective(ctx, members, cuda=False) if usable(ctx, members) else None

@@ -42,7 +42,7 @@ class HierarchicalTransport(Transport):
         self.host = None  # shared memory for this step's local collectives (host buffers)
         if self.shm is not None and not staging.on_device:
             self.shm.begin(None, False)
-            self.host = self.shm.host
+            self.host = self.shm.host  # None where /dev/shm had no room: gloo as before
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}
         me = self.ctx.rank
