@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 
+from hetrain.atomicfile import atomic_write
 from hetrain.train.elastic import EXIT_STOPPED, StopAtCommit, on_stop_request  # noqa: F401 (EXIT_STOPPED: for the executor)
 
 
@@ -100,9 +100,7 @@ def _write_progress(job_dir: Path, line: str) -> None:
     their compute and communication seconds, then the work done (base steps), this run's
     batch and the noise scale (`hetrain.sched.progress.read_progress` parses it). Written
     to a temporary file and renamed, so the executor never reads a half-written one."""
-    tmp = job_dir / "progress.tmp"
-    tmp.write_text(line + "\n")
-    os.replace(tmp, job_dir / "progress")
+    atomic_write(job_dir / "progress", lambda fh: fh.write((line + "\n").encode()), durable=False)
 
 
 def _append_stats(job_dir: Path, world: int, times: list[float], t_start: float) -> None:

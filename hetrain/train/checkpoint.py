@@ -7,29 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..atomicfile import atomic_write
 from ..errors import UserError
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda fh: torch.save(state, fh))
 
 
 def load_checkpoint(path: str | Path) -> dict | None:
@@ -65,21 +53,11 @@ class CommitStore:
     def save(self, seq: int, data: bytes) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"commit-{seq:09d}-{hashlib.sha256(data).hexdigest()[:16]}.pt"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, lambda fh: fh.write(data))
         for old in self._files()[self.keep:]:
             old[2].unlink(missing_ok=True)
         for stale in self.dir.glob(".commit-*"):  # temporaries of a writer that crashed
-            if stale.name != Path(tmp).name:
-                stale.unlink(missing_ok=True)
+            stale.unlink(missing_ok=True)
         return path
 
     def _files(self) -> list[tuple[int, str, Path]]:
