@@ -86,8 +86,10 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 def launch_config(args, argv: list[str], cluster=None):
     """The `LaunchConfig` of parsed `launch` (or `demo`) flags: the cluster (given, or
     resolved from torchrun's flags), its communication settings, rendezvous and elastic
-    policy; `argv` is the training command."""
-    from .launch import LaunchConfig
+    policy; `argv` is the training command. Everything here is checked without importing
+    torch (the launcher's agent does), so a mistake is answered at once."""
+    from .launch.config import LaunchConfig
+    from .launch.preflight import check_entry_point
     from .auth import load_secret
     from .supervisor import ElasticConfig
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
@@ -108,6 +110,8 @@ def launch_config(args, argv: list[str], cluster=None):
                       codec_rules=tuple(args.codec_rule),
                       overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective,
                       buckets=args.buckets, gloo_thread=args.gloo_thread)
+    if argv:
+        check_entry_point(argv)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)
