@@ -92,6 +92,7 @@ def launch_config(args, argv: list[str], cluster=None):
     from .launch.preflight import check_entry_point
     from .auth import load_secret
     from .supervisor import ElasticConfig
+    from .allocation import apply as apply_allocation
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
 
     nproc = parse_nproc(args.nproc_per_node) if getattr(args, "nproc_per_node", None) else None
@@ -101,6 +102,11 @@ def launch_config(args, argv: list[str], cluster=None):
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
+    alloc = None
+    if not getattr(args, "ray", None):  # inside a Slurm / Kubeflow allocation: where to meet, from its variables
+        flags, alloc = apply_allocation(flags, cluster_file=bool(cluster or args.cluster))
+        if alloc is not None:
+            print(f"hetrain: rendezvous from the environment ({alloc.describe()})", flush=True)
     res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
     cluster = res.cluster
     if args.emulate:
@@ -118,7 +124,8 @@ def launch_config(args, argv: list[str], cluster=None):
     return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=res.node_rank,
                         master_addr=res.master_addr, master_port=res.master_port,
                         assign_node_rank=res.assign_node_rank, secret=secret, run_dir=args.run_dir,
-                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None), heap=args.heap,
+                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None) or (alloc.job_id if alloc else None),
+                        heap=args.heap,
                         elastic=ElasticConfig(max_restarts=args.max_restarts, min_workers=args.min_workers,
                                               rejoin_after_s=args.rejoin_after))
 
@@ -174,7 +181,9 @@ def register(sub) -> None:
     p = sub.add_parser("launch", help="start every worker and summation server of a cluster",
                        description="Start a training script on every worker machine of the cluster, and the "
                                    "summation servers the mode needs. Multi-node: run the same command on every "
-                                   "node with --node-rank, --master-addr, --master-port and the same secret. "
+                                   "node with --node-rank, --master-addr, --master-port and the same secret; inside "
+                                   "a Slurm step (srun) or a Kubeflow TrainJob/PyTorchJob pod these come from the "
+                                   "environment (docs/deploy.md). "
                                    "torchrun's flags work too: `torchrun ARGS train.py` runs as "
                                    "`hetrain launch ARGS train.py`.")
     _add_job_flags(p)
