@@ -87,9 +87,9 @@ def launch_config(args, argv: list[str], cluster=None):
     """The `LaunchConfig` of parsed `launch` (or `demo`) flags: the cluster (given, or
     resolved from torchrun's flags), its communication settings, rendezvous and elastic
     policy; `argv` is the training command. Everything here is checked without importing
-    torch (the launcher's agent does), so a mistake is answered at once."""
+    torch (the launcher's agent does), so a mistake is answered at once; the commands
+    check the entry point first (`check_entry_point`, torch-free too)."""
     from .launch.config import LaunchConfig
-    from .launch.preflight import check_entry_point
     from .auth import load_secret
     from .supervisor import ElasticConfig
     from .allocation import apply as apply_allocation
@@ -116,8 +116,6 @@ def launch_config(args, argv: list[str], cluster=None):
                       codec_rules=tuple(args.codec_rule),
                       overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective,
                       buckets=args.buckets, gloo_thread=args.gloo_thread)
-    if argv:
-        check_entry_point(argv)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)
@@ -138,10 +136,12 @@ def script_argv(args) -> list[str]:
 
 def _cmd_launch(args) -> int:
     from .launch import launch
+    from .launch.preflight import check_entry_point
 
     argv = script_argv(args)
     if not argv:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
+    check_entry_point(argv)  # a typo is answered before torch is imported
     if args.ray:
         from .ray_backend import RayOptions, launch_on_ray
 
