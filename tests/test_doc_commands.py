@@ -46,7 +46,7 @@ EXCLUDED = (
 SLOW = (
     (r"^(\S+=\S+ )*(hetrain (demo|launch|train)\b|torchrun\b)", "starts a training job"),
     (r"^hetrain report\b", "reads a training job's run"),
-    (r"^hetrain plan --cluster\b|--planner rl\b|hetrain\.pipeline\.workload\b",
+    (r"--planner rl\b|hetrain\.pipeline\.workload\b",
      "profiles a model on this host, or trains the RL planner (minutes on a small shared host)"),
 )
 BLOCK_TIMEOUT_S = {"fast": 300, "slow": 2400}
