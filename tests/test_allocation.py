@@ -131,3 +131,21 @@ def test_two_launchers_in_kubeflow_pods_train_the_demo(tmp_path):
         assert rc == 0, text
         assert "rendezvous from the environment (torchrun env (PET_*): node" in text
     assert "test accuracy" in results[0][1]
+
+
+def test_a_cluster_file_that_disagrees_with_the_allocation_says_so(tmp_path, monkeypatch):
+    from hetrain.cli import build_parser
+    from hetrain.runtime.cli import launch_config
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "PET_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PET_NNODES", "3")
+    monkeypatch.setenv("PET_NODE_RANK", "1")
+    monkeypatch.setenv("PET_MASTER_ADDR", "127.0.0.1")
+    cluster = str(ROOT / "examples/clusters/two_nodes.yaml")
+    args = build_parser().parse_args(["launch", "--cluster", cluster, "x.py"])
+    with pytest.raises(UserError, match="allocation has 3 nodes, but the cluster file puts its machines on 2"):
+        launch_config(args, ["x.py"])
+    monkeypatch.setenv("PET_NNODES", "2")
+    cfg = launch_config(args, ["x.py"])
+    assert (cfg.node_rank, cfg.master_addr, cfg.assign_node_rank) == (1, "127.0.0.1", False)

@@ -169,7 +169,7 @@ def apply(flags, env: Mapping[str, str] | None = None, *, cluster_file: bool = F
     """torchrun flags (`runtime.torchrun.TorchrunFlags`) with what the command line left
     out taken from the allocation; returns (flags, the allocation used or None). With a
     cluster file (`cluster_file`), the file decides the processes per node."""
-    if flags.standalone or flags.rdzv_endpoint and flags.node_rank is not None and flags.nnodes is not None:
+    if flags.standalone or (flags.rdzv_endpoint and flags.node_rank is not None and flags.nnodes is not None):
         return flags, None
     alloc = detect(env)
     if alloc is None or (alloc.nnodes < 2 and alloc.source != "torchrun env (PET_*)"):

@@ -102,12 +102,17 @@ def launch_config(args, argv: list[str], cluster=None):
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
+    cluster = cluster or (load_cluster(args.cluster) if args.cluster else None)
     alloc = None
     if not getattr(args, "ray", None):  # inside a Slurm / Kubeflow allocation: where to meet, from its variables
-        flags, alloc = apply_allocation(flags, cluster_file=bool(cluster or args.cluster))
+        flags, alloc = apply_allocation(flags, cluster_file=cluster is not None)
         if alloc is not None:
+            if cluster is not None and getattr(args, "nnodes", None) is None and cluster.nnodes != alloc.nnodes:
+                raise UserError(f"this {alloc.source} allocation has {alloc.nnodes} nodes, but the cluster file puts "
+                                f"its machines on {cluster.nnodes} node(s) (`node:`); number the file's nodes "
+                                f"0..{alloc.nnodes - 1}, or ask the allocation for {cluster.nnodes} node(s)")
             print(f"hetrain: rendezvous from the environment ({alloc.describe()})", flush=True)
-    res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
+    res = resolve(flags, cluster, args.mode)
     cluster = res.cluster
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
