@@ -118,10 +118,12 @@ def _auto(args) -> int:
     from hetrain.runtime.cli import launch_config, script_argv
     from hetrain.runtime.env import PROFILE_STEPS_ENV
     from hetrain.runtime.launch import launch
+    from hetrain.runtime.launch.preflight import check_entry_point
 
     argv = script_argv(args)
     if not argv:
         raise UserError("--auto needs the training script (e.g. `hetrain launch --auto -m hetrain.demo.digits`)")
+    check_entry_point(argv)
     if args.auto_steps < 4:
         raise UserError(f"--auto-steps must be >= 4 (steps to fit each worker's step time), got {args.auto_steps}")
     args.run_dir = args.run_dir or os.path.join("runs", f"auto-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -5,6 +5,7 @@ read through `validate_file`, so every file speaks the same way about its mistak
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import yaml
@@ -63,17 +64,64 @@ def _first_line(err: BaseException) -> str:
     return "nested too deeply" if isinstance(err, RecursionError) else str(err).splitlines()[0]
 
 
-def format_validation_error(err: ValidationError, header: str, docs: str) -> str:
-    """Every bad field, on one line: its dotted path and what to write instead."""
+_BOUNDS = {"greater_than": ("gt", "above"), "greater_than_equal": ("ge", "at least"),
+           "less_than": ("lt", "below"), "less_than_equal": ("le", "at most")}
+
+
+def _inner_model(annotation: object) -> type[BaseModel] | None:
+    """The model a field holds, through Optional/tuple/list (None: a plain value)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_hint(model: type[BaseModel], loc: tuple) -> str | None:
+    """The `hint` a field declares (`Field(json_schema_extra={"hint": ...})`): how to
+    write it, said after the mistake instead of pydantic's generic wording."""
+    current: type[BaseModel] | None = model
+    hint = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = current.model_fields.get(str(part)) if current is not None else None
+        if info is None:
+            return None
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        hint = extra.get("hint")
+        current = _inner_model(info.annotation)
+    return hint
+
+
+def _message(e: dict, docs: str) -> str:
+    """One mistake in the user's terms: what was written, what to write instead."""
+    if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"unknown key {e['loc'][-1]!r}; check its spelling against {docs}"
+    if e["type"] == "missing":
+        return f"required; add it (see {docs})"
+    if e["type"] in _BOUNDS:
+        key, words = _BOUNDS[e["type"]]
+        return f"{e.get('input')!r} is out of range; write a number {words} {e.get('ctx', {}).get(key)}"
+    if e["type"] in ("float_parsing", "int_parsing", "float_type", "int_type"):
+        kind = "a whole number" if e["type"].startswith("int") else "a number"
+        return f"{e.get('input')!r} is not {kind}; write {kind} (e.g. 1{'.0' if kind == 'a number' else ''})"
+    return e["msg"].removeprefix("Value error, ")
+
+
+def format_validation_error(err: ValidationError, header: str, docs: str,
+                            model: type[BaseModel] | None = None) -> str:
+    """Every bad field, on one line: its dotted path, what is wrong and what to write
+    instead (with the field's own `hint` where `model` declares one)."""
     items = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            msg = f"unknown key {e['loc'][-1]!r}; check its spelling against {docs}"
-        elif e["type"] == "missing":
-            msg = f"required; add it (see {docs})"
-        items.append(f"{loc}: {msg}")
+        msg = _message(e, docs)
+        hint = field_hint(model, e["loc"]) if model is not None and e["type"] not in (
+            "extra_forbidden", "unexpected_keyword_argument", "missing") else None
+        items.append(f"{loc}: {msg}" + (f" ({hint})" if hint else ""))
     return f"{header} {' | '.join(items)}"
 
 
@@ -86,4 +134,4 @@ def validate_file(model: type[BaseModel], data: object, *, what: str, source: st
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise error(format_validation_error(err, f"invalid {what} {source}:", docs)) from None
+        raise error(format_validation_error(err, f"invalid {what} {source}:", docs, model)) from None

@@ -29,11 +29,15 @@ class ClusterSpecError(HardwareError):
     """A cluster file that cannot be used; the message says where and what to fix."""
 
 
+SPEED_HINT = ("speed is the share of the device's own speed it runs at, above 0 and at most 1: 1 is full speed, "
+              "0.5 half; to make one worker twice as fast as another, write `speed: 1.0` and `speed: 0.5`")
+
+
 class SpeedChange(Strict):
     """From `at_step` on, the device runs at `speed` (emulated interference)."""
 
     at_step: int = Field(ge=0)
-    speed: float = Field(gt=0, le=1)
+    speed: float = Field(gt=0, le=1, json_schema_extra={"hint": SPEED_HINT})
 
 
 class DeviceSpec(Strict):
@@ -50,7 +54,7 @@ class DeviceSpec(Strict):
     `hetrain.runtime.memory`). Set it to cap shares by a given size instead."""
 
     kind: str = "cpu"
-    speed: float = Field(default=1.0, gt=0, le=1)
+    speed: float = Field(default=1.0, gt=0, le=1, json_schema_extra={"hint": SPEED_HINT})
     memory: float | None = Field(default=None, description="bytes, or a string like '4GiB'; unset: measured")
     speed_schedule: tuple[SpeedChange, ...] = ()
     cuda: bool = False

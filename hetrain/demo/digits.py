@@ -25,8 +25,8 @@ import hetrain
 from hetrain.cluster.device import EmulatedDevice
 from hetrain.train.loader import BalancedLoader
 from hetrain.train.metrics import StepLogger
-from hetrain.train.summary import (ActivationMeter, StepClock, check_plan, format_table, gather_stats, model_facts,
-                                   profile_steps, state_bytes, write_summary)
+from hetrain.train.summary import (ActivationMeter, StepClock, check_plan, emulated_speeds, format_table,
+                                   gather_stats, model_facts, profile_steps, state_bytes, write_summary)
 
 
 def load_digits_split(seed: int = 0):
@@ -79,11 +79,14 @@ def _report(args, ctx, model: nn.Module, xte: torch.Tensor, yte: torch.Tensor, r
     labels = list(ctx.topology.worker_labels) if ctx.topology else ["w0"]
     devices = [d.label() for d in loader.balancer.devices]
     spread = steplog.spread_median()
+    speeds = emulated_speeds(ctx)
+    shown = [f"{lab} on {d}" + (f" at speed {v:g}" if speeds else "")
+             for lab, d, v in zip(labels, devices, speeds or devices)]
     print(f"\ndigits demo: test accuracy {acc:.4f} after {args.epochs} epochs; {sps:.0f} samples/s; "
-          f"mode {ctx.comm.mode}; {nw} workers ({', '.join(f'{l} on {d}' for l, d in zip(labels, devices))})")
-    print(format_table(rows, labels, devices))
-    print("per-rank shares and time split (hidden = communication that ran during backward, --overlap):")
-    print(steplog.summary())
+          f"mode {ctx.comm.mode}; {nw} workers ({', '.join(shown)})")
+    print(format_table(rows, labels, devices, speeds))
+    if nw > 1 and spread == spread:
+        print(f"compute spread per step (slowest / fastest worker, median after step 16): {spread:.3f}")
     ranks = {lab: {**r, "device": d} for lab, r, d in zip(labels, rows, devices)}
     check = check_plan(rows, labels, clock.times, writer)
     path = write_summary(run_dir, {"prediction": check, "model": model_facts(model, acts),
@@ -181,8 +184,8 @@ def main(argv=None) -> int:
     st = hetrain.engine().stats
     me = rank if len(steplog.labels) > 1 else 0
     mine = {"samples": samples, "steps": step, "wall_s": wall, "compute_s": steplog.totals["compute_s"][me],
-            "comm_s": st.comm_s, "wait_s": st.wait_s, "bytes": st.bytes_sent + st.bytes_received,
-            "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak()}
+            "comm_s": st.comm_s, "wait_s": st.wait_s, "hidden_s": st.hidden_s,
+            "bytes": st.bytes_sent + st.bytes_received, "step_s": clock.median(), "memory": state_bytes(model, opt) + acts.peak()}
     rows = gather_stats(ctx, mine)
     if rank == 0:
         _report(args, ctx, model, xte, yte, rows, wall, loader, steplog, clock, acts, writer, run_dir)

@@ -86,10 +86,13 @@ def _add_torchrun_flags(p: argparse.ArgumentParser) -> None:
 def launch_config(args, argv: list[str], cluster=None):
     """The `LaunchConfig` of parsed `launch` (or `demo`) flags: the cluster (given, or
     resolved from torchrun's flags), its communication settings, rendezvous and elastic
-    policy; `argv` is the training command."""
-    from .launch import LaunchConfig
+    policy; `argv` is the training command. Everything here is checked without importing
+    torch (the launcher's agent does), so a mistake is answered at once; the commands
+    check the entry point first (`check_entry_point`, torch-free too)."""
+    from .launch.config import LaunchConfig
     from .auth import load_secret
     from .supervisor import ElasticConfig
+    from .allocation import apply as apply_allocation
     from .torchrun import TorchrunFlags, parse_nnodes, parse_nproc, resolve
 
     nproc = parse_nproc(args.nproc_per_node) if getattr(args, "nproc_per_node", None) else None
@@ -99,7 +102,17 @@ def launch_config(args, argv: list[str], cluster=None):
         node_rank=getattr(args, "node_rank", None), master_addr=getattr(args, "master_addr", None),
         master_port=getattr(args, "master_port", None), rdzv_endpoint=getattr(args, "rdzv_endpoint", None),
         rdzv_backend=getattr(args, "rdzv_backend", "c10d"), standalone=getattr(args, "standalone", False))
-    res = resolve(flags, cluster or (load_cluster(args.cluster) if args.cluster else None), args.mode)
+    cluster = cluster or (load_cluster(args.cluster) if args.cluster else None)
+    alloc = None
+    if not getattr(args, "ray", None):  # inside a Slurm / Kubeflow allocation: where to meet, from its variables
+        flags, alloc = apply_allocation(flags, cluster_file=cluster is not None)
+        if alloc is not None:
+            if cluster is not None and getattr(args, "nnodes", None) is None and cluster.nnodes != alloc.nnodes:
+                raise UserError(f"this {alloc.source} allocation has {alloc.nnodes} nodes, but the cluster file puts "
+                                f"its machines on {cluster.nnodes} node(s) (`node:`); number the file's nodes "
+                                f"0..{alloc.nnodes - 1}, or ask the allocation for {cluster.nnodes} node(s)")
+            print(f"hetrain: rendezvous from the environment ({alloc.describe()})", flush=True)
+    res = resolve(flags, cluster, args.mode)
     cluster = res.cluster
     if args.emulate:
         cluster = cluster.with_emulation(args.emulate)
@@ -114,7 +127,8 @@ def launch_config(args, argv: list[str], cluster=None):
     return LaunchConfig(cluster=cluster, argv=argv, comm=comm, node_rank=res.node_rank,
                         master_addr=res.master_addr, master_port=res.master_port,
                         assign_node_rank=res.assign_node_rank, secret=secret, run_dir=args.run_dir,
-                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None), heap=args.heap,
+                        quiet=args.quiet, job_id=getattr(args, "rdzv_id", None) or (alloc.job_id if alloc else None),
+                        heap=args.heap,
                         elastic=ElasticConfig(max_restarts=args.max_restarts, min_workers=args.min_workers,
                                               rejoin_after_s=args.rejoin_after))
 
@@ -127,10 +141,12 @@ def script_argv(args) -> list[str]:
 
 def _cmd_launch(args) -> int:
     from .launch import launch
+    from .launch.preflight import check_entry_point
 
     argv = script_argv(args)
     if not argv:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
+    check_entry_point(argv)  # a typo is answered before torch is imported
     if args.ray:
         from .ray_backend import RayOptions, launch_on_ray
 
@@ -170,7 +186,9 @@ def register(sub) -> None:
     p = sub.add_parser("launch", help="start every worker and summation server of a cluster",
                        description="Start a training script on every worker machine of the cluster, and the "
                                    "summation servers the mode needs. Multi-node: run the same command on every "
-                                   "node with --node-rank, --master-addr, --master-port and the same secret. "
+                                   "node with --node-rank, --master-addr, --master-port and the same secret; inside "
+                                   "a Slurm step (srun) or a Kubeflow TrainJob/PyTorchJob pod these come from the "
+                                   "environment (docs/deploy.md). "
                                    "torchrun's flags work too: `torchrun ARGS train.py` runs as "
                                    "`hetrain launch ARGS train.py`.")
     _add_job_flags(p)

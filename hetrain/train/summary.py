@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import torch.distributed as dist
 from ..runtime.env import PLAN_ENV, PROFILE_STEPS_ENV
 from ..runtime.memory import SavedTensorCounter
 
-FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "bytes", "step_s", "memory")
-OPTIONAL = ("step_s", "memory")  # median step time, measured memory (0 where a script does not measure them)
+FIELDS = ("samples", "steps", "wall_s", "compute_s", "comm_s", "wait_s", "hidden_s", "bytes", "step_s", "memory")
+OPTIONAL = ("hidden_s", "step_s", "memory")  # overlapped exchange, median step time, measured memory (0 where
+# a script does not measure them)
 
 
 def gather_stats(ctx, mine: dict[str, float]) -> list[dict[str, float]]:
@@ -29,19 +31,38 @@ def gather_stats(ctx, mine: dict[str, float]) -> list[dict[str, float]]:
     return [dict(zip(FIELDS, x.tolist())) for x in out]
 
 
-def format_table(rows: list[dict[str, float]], labels: list[str], devices: list[str] | None = None) -> str:
-    """One line per rank; `devices` (e.g. "cuda:0", "cpu/1t") adds a device column."""
+LEGEND = ("seconds over the run, per worker: compute = forward + backward; comm = gradient exchange the step "
+          "waited for after backward; hidden = exchange that ran during backward (--overlap; not in the step "
+          "time); wait = waiting for slower workers at the step's start; other = the rest of the wall time (data, "
+          "optimizer update, evaluation, start-up); speed = the device's emulated speed (1 = full)")
+
+
+def format_table(rows: list[dict[str, float]], labels: list[str], devices: list[str] | None = None,
+                 speeds: list[float] | None = None) -> str:
+    """One line per worker, then the legend: `devices` (e.g. "cuda:0", "cpu/1t") adds a
+    device column, `speeds` (the cluster file's emulated speed factors) a speed column.
+    Every time column has one meaning wherever hetrain prints it (LEGEND)."""
     devices = devices or [""] * len(rows)
     width = max([len(d) for d in devices] + [6]) + 2
-    head = (f"{'rank':<10}{'device':<{width}}{'samples':>9}{'compute s':>11}{'comm s':>9}{'wait s':>9}"
-            f"{'other s':>9}{'MB/step':>9}")
+    total = sum(r["samples"] for r in rows) or 1
+    head = (f"{'rank':<10}{'device':<{width}}" + (f"{'speed':>6}" if speeds else "")
+            + f"{'share':>7}{'samples':>9}{'compute s':>11}{'comm s':>8}{'hidden s':>10}{'wait s':>8}{'other s':>9}"
+            f"{'MB/step':>9}")
     lines = [head, "-" * len(head)]
-    for label, dev, r in zip(labels, devices, rows):
+    for i, (label, dev, r) in enumerate(zip(labels, devices, rows)):
         other = max(0.0, r["wall_s"] - r["compute_s"] - r["comm_s"] - r["wait_s"])
         mb = r["bytes"] / max(r["steps"], 1) / 1e6
-        lines.append(f"{label:<10}{dev:<{width}}{int(r['samples']):>9}{r['compute_s']:>11.2f}{r['comm_s']:>9.2f}"
-                     f"{r['wait_s']:>9.2f}{other:>9.2f}{mb:>9.3f}")
-    return "\n".join(lines)
+        lines.append(f"{label:<10}{dev:<{width}}" + (f"{speeds[i]:>6.2f}" if speeds else "")
+                     + f"{r['samples'] / total:>7.3f}{int(r['samples']):>9}{r['compute_s']:>11.2f}{r['comm_s']:>8.2f}"
+                     f"{r.get('hidden_s', 0.0):>10.2f}{r['wait_s']:>8.2f}{other:>9.2f}{mb:>9.3f}")
+    return "\n".join([*lines, *textwrap.wrap(LEGEND, width=max(len(head), 100))])
+
+
+def emulated_speeds(ctx) -> list[float] | None:
+    """Each worker's emulated speed factor as its cluster file gives it (None without a topology)."""
+    if ctx.topology is None:
+        return None
+    return [p.machine.device.speed if p.machine.device is not None else 1.0 for p in ctx.topology.workers]
 
 
 def write_summary(run_dir: str, summary: dict) -> Path:
@@ -178,5 +199,12 @@ def check_plan(rows: list[dict], labels: list[str], step_times: list[float], wri
     check = prediction_check(plan, rows[0]["step_s"], {lab: r["memory"] for lab, r in zip(labels, rows)}, step_times)
     print(f"plan {check['candidate']}: predicted step {check['predicted_step_s'] * 1e3:.1f} ms, measured "
           f"{check['measured_step_s'] * 1e3:.1f} ms ({check['step_error']:+.1%})")
+    if "/overlap/" in f"/{check['candidate']}/":
+        # what the overlap did, measured, beside what the plan assumed of it
+        hidden, exposed = rows[0].get("hidden_s", 0.0), rows[0]["comm_s"]
+        check["hidden_fraction"] = hidden / (hidden + exposed) if hidden + exposed > 0 else None
+        shown = f"{check['hidden_fraction']:.0%}" if check["hidden_fraction"] is not None else "none"
+        print(f"overlap, measured on {labels[0]}: {hidden:.2f} s of the exchange ran during backward (hidden s), "
+              f"{exposed:.2f} s after it (comm s): {shown} hidden; the plan assumed: {plan.get('why', '?')}")
     log_prediction(writer, check)
     return check

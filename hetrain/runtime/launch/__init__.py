@@ -25,16 +25,36 @@ wait for it.
 """
 from __future__ import annotations
 
-from .agent import Launcher
-from .config import EXIT_RESIZE, EXIT_STOPPED, LaunchConfig
-from .preflight import check_entry_point
-from .procs import Child, LocalProcesses, ProcessBackend, full_env, process_args, process_env, start_process
-from .watch import RoundOutcome, RoundResult
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .agent import Launcher
+    from .config import EXIT_RESIZE, EXIT_STOPPED, LaunchConfig
+    from .preflight import check_entry_point
+    from .procs import Child, LocalProcesses, ProcessBackend, full_env, process_args, process_env, start_process
+    from .watch import RoundOutcome, RoundResult
+
+# Names load on first use (PEP 562): the agent imports torch (runtime/devices.py), and
+# `hetrain launch` checks its arguments and cluster file before paying for that, so a
+# mistake is answered in well under a second.
+_WHERE = {"Launcher": "agent", "EXIT_RESIZE": "config", "EXIT_STOPPED": "config", "LaunchConfig": "config",
+          "check_entry_point": "preflight", "Child": "procs", "LocalProcesses": "procs", "ProcessBackend": "procs",
+          "full_env": "procs", "process_args": "procs", "process_env": "procs", "start_process": "procs",
+          "RoundOutcome": "watch", "RoundResult": "watch"}
 
 __all__ = ["EXIT_RESIZE", "EXIT_STOPPED", "Child", "LaunchConfig", "Launcher", "LocalProcesses", "ProcessBackend",
            "RoundOutcome", "RoundResult", "check_entry_point", "full_env", "launch", "process_args", "process_env",
            "start_process"]
 
 
-def launch(cfg: LaunchConfig) -> int:
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def launch(cfg: "LaunchConfig") -> int:
+    from .agent import Launcher
+
     return Launcher(cfg).run()

@@ -26,7 +26,7 @@ from ..topology import Proc, Topology, build_topology
 from .config import LaunchConfig
 from .follower import Follower
 from .leader import Leader
-from .output import pump
+from .output import Console, pump
 from .preflight import check_entry_point, check_node, plan_cores
 from .procs import Child, LocalProcesses, ProcessBackend, process_args, process_env
 from .store import SCRIPT_PORT, ScriptStore, open_store
@@ -44,7 +44,7 @@ class Launcher(Leader, Follower):
         self.children: list[Child] = []
         self.job_id = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.job_id)[:40] if cfg.job_id else uuid.uuid4().hex[:8]
         self.netns = None
-        self._print_lock = threading.Lock()
+        self.console = Console()  # progress bars in place on a terminal, plain lines in a log
         self.run_dir = Path(cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{self.job_id}")
         # one launcher starts every process (the whole cluster here, or a one-node job)
         self.embedded = cfg.node_rank is None and not cfg.assign_node_rank or cfg.cluster.nnodes == 1
@@ -84,6 +84,7 @@ class Launcher(Leader, Follower):
             # as torchrun: the signal that ends the launcher goes on to the processes, which get
             # its shutdown timeout to act on it (a script may checkpoint on SIGTERM)
             self._stop_all(grace=3.0 if self._death_sig is None else SHUTDOWN_S, signum=self._death_sig)
+            self.console.close()
             self._end_job(130)  # followers stop too if the leader is interrupted
             if self.scripts is not None:
                 self.scripts.close()
@@ -176,7 +177,7 @@ class Launcher(Leader, Follower):
                           local_world_size=local_world_size, threads=cores.threads_for(p.rank), restart=r,
                           group_rank=p.machine.node, script_port=self._script_port) | extra
         child = Child(p, self.backend.spawn(p, process_args(self.cfg, p), env, cores))
-        child.reader = threading.Thread(target=pump, args=(child, self._log, self.cfg.quiet), daemon=True)
+        child.reader = threading.Thread(target=pump, args=(child, self.console, self.cfg.quiet), daemon=True)
         child.reader.start()
         return child
 
@@ -190,8 +191,7 @@ class Launcher(Leader, Follower):
 
     # ---- output and teardown ------------------------------------------------------------
     def _log(self, text: str) -> None:
-        with self._print_lock:
-            print(text, flush=True)
+        self.console.line(text)
 
     def _stop_all(self, grace: float, signum: int | None = None) -> None:
         """Stop this node's processes: `signum` (SIGTERM), then SIGKILL after `grace` s."""

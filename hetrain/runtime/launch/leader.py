@@ -106,12 +106,22 @@ class Leader:
             return None
         self._last_note = self.membership.blame(culprit, res.record) if culprit else None
         if restarts >= el.max_restarts or STOP_REQUESTED.is_set():
-            tail = "\n".join(f"    {line}" for line in res.tail[-15:])
             why = "" if not el.elastic else (" (stop requested)" if STOP_REQUESTED.is_set()
                                              else f" after {restarts} restart(s) (--max-restarts {el.max_restarts})")
-            self._log(f"hetrain: job failed{why}: {res.culprit_text}." + (f" Its last output:\n{tail}" if tail else ""))
+            self._log(f"hetrain: job failed{why}: {res.culprit_text}.{self._last_output(res.tail)}")
             return 1
         return None
+
+    def _last_output(self, tail: list[str]) -> str:
+        """The failed process's last output for the closing line: streamed already (not
+        --quiet), only its last line (the exception), so a traceback shows once; else
+        its last 15 lines."""
+        lines = [line for line in tail if line.strip()]
+        if not lines:
+            return ""
+        if not self.cfg.quiet:
+            return f" Its last line (its output is above): {lines[-1].strip()}"
+        return " Its last output:\n" + "\n".join(f"    {line}" for line in lines[-15:])
 
     def _watch_round(self, rstore, topo: Topology, names: list[str], last_chance: bool) -> RoundResult:
         """Run the round to its end: the watch reports, this acts (records the culprit,

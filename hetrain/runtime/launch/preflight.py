@@ -12,7 +12,6 @@ from pathlib import Path
 from ...cluster.spec import ClusterSpec
 from ...errors import UserError
 from ..cores import assign_cores
-from ..devices import one_host, plan_backends, preflight as gpu_preflight, sharing_note
 from ..env import CommConfig
 from ..topology import Proc, Topology, build_topology
 
@@ -67,6 +66,8 @@ def check_node(cluster: ClusterSpec, comm: CommConfig, node_rank: int | None, gp
     (`gpus_here` False: the processes run elsewhere, e.g. on Ray's nodes, and only the
     flags are checked). Returns a note for the log when CUDA workers share a GPU (and
     so use gloo)."""
+    from ..devices import one_host, plan_backends, preflight as gpu_preflight, sharing_note  # imports torch
+
     topo = build_topology(cluster, comm.mode)
     plan_cores(local_procs(topo, node_rank))
     if gpus_here:
