@@ -22,6 +22,7 @@ def _slurm_local():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_sbatch_recipe_runs_on_a_real_slurm(tmp_path):
     slurm = _slurm_local()
     why = slurm.install()  # apt-get install slurm-wlm munge where missing (root); why not, where it cannot

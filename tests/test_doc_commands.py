@@ -209,6 +209,7 @@ def test_documented_commands_run_fast_part(tmp_path, doc, first, lines):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("doc, first, lines", ALL)
 def test_documented_commands_run(tmp_path, doc, first, lines):
     _run_block(tmp_path, lines, "slow")
