@@ -173,6 +173,18 @@ class ShardedOptimizer:
             raise UserError(f"the workers' batches add up to {total}; at least one sample is needed")
         self._batch, self._total = int(batch_size), int(total)
 
+    def idle_pass(self, *inputs, total: int | None = None) -> None:
+        """A member of the CPU tier (a CPU machine holding optimizer spans, training on no
+        samples) calls this where a worker runs its forward and backward: the model on an
+        empty batch (`inputs` with 0 rows), so its collectives line up with the workers';
+        its gradients weigh 0. Its `step()` then applies the update to its spans on the CPU."""
+        self.set_batch_size(0, total)
+        out = self.model(*inputs)
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.stack([t.sum() for t in outs]).sum().backward()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for u in self.units:
             u.shard.grad = None
