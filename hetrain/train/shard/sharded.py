@@ -78,7 +78,8 @@ class ShardedOptimizer:
         units = _units(model)
         device = torch.device(device) if device is not None else units[0][2][0].device
         self.weights = self._weights([sum(p.numel() for p in ps) for _, _, ps in units], device)
-        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage, device)
+        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage, device,
+                               config.exchange)
                       for name, mod, ps in units]
         self.optimizer = _rebuild(optimizer, [u.shard for u in self.units])
         self._batch, self._total = 1, self.size
