@@ -119,10 +119,9 @@ class ShardedOptimizer:
         u = self.units[k]
         u.pending = len(u.params)
         u.bw_armed = True
-        if self.stage == 3:
-            u.ensure_gathered()
-            if self.config.prefetch and k + 1 < len(self.units):
-                self.units[k + 1].start_gather()
+        u.ensure_gathered()  # stage 1-2: the last step's exchange of this unit, left running until now
+        if self.stage == 3 and self.config.prefetch and k + 1 < len(self.units):
+            self.units[k + 1].start_gather()
 
     def _after_forward(self, k: int, out) -> None:
         if self.stage != 3:
@@ -216,20 +215,23 @@ class ShardedOptimizer:
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         self.synchronize()
+        for u in self.units:  # a step without a forward since the last: its exchange first
+            C.wait(u.gathering)
         self.optimizer.step()
         self._check("optimizer step")
         if self.stage < 3:
-            works = []
+            # every owner's updated spans to every worker, left running: each unit's forward
+            # pre-hook waits for its own, so the exchange overlaps the next forward
             for u in self.units:
-                works += u.broadcast_params()
-            C.wait(works)
+                u.gathering = u.broadcast_params()
         self._check("step")
         return loss
 
     # ---- whole parameters -------------------------------------------------------------
     def gather_all(self) -> None:
-        """Make every unit's parameters whole (stage 3: e.g. to evaluate or save the
-        plain model; the next forward releases them again)."""
+        """Make every unit's parameters whole and current (stage 3: e.g. to evaluate or
+        save the plain model, the next forward releases them again; stages 1-2: the last
+        step's exchange finished)."""
         for u in self.units:
             u.ensure_gathered()
 

@@ -73,6 +73,7 @@ class FlatUnit:
         self.gathering = self._gather()
 
     def ensure_gathered(self) -> None:
+        """Whole and current: gathered (stage 3) and no exchange of it still running."""
         self.start_gather()
         C.wait(self.gathering)
 
