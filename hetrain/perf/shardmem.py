@@ -58,9 +58,13 @@ class ShardModel:
 
 @dataclass(frozen=True)
 class ShardWorker:
+    """A member of the job. A CPU machine as a memory and optimizer tier is a member with
+    `per_sample_s` inf: no samples, a span of every unit by its (large) memory, the step
+    of that span applied on its CPU."""
+
     name: str
     memory: float                 # bytes this worker may use for training (its cap)
-    per_sample_s: float           # compute seconds per sample
+    per_sample_s: float           # compute seconds per sample (inf: the CPU tier)
     bandwidth: float = 1e9        # bytes/s each way reached by the collectives
     builds_elsewhere: bool = False  # the model is built on the host and sharded onto this device
 
@@ -125,8 +129,11 @@ def shares_by_memory(free_bytes: Sequence[float], activation_bytes: Sequence[flo
 
 
 def batch_shares(workers: Sequence[ShardWorker], global_batch: int) -> np.ndarray:
-    """Samples per worker proportional to speed (largest remainder, summing to the batch)."""
-    speed = np.array([1.0 / w.per_sample_s for w in workers])
+    """Samples per worker proportional to speed (largest remainder, summing to the batch);
+    a CPU-tier member (`per_sample_s` inf: it trains on nothing) gets none."""
+    speed = np.array([0.0 if np.isinf(w.per_sample_s) else 1.0 / w.per_sample_s for w in workers])
+    if speed.sum() <= 0:
+        raise UserError("no worker trains on samples (every per_sample_s is inf); give at least one a finite time")
     ideal = global_batch * speed / speed.sum()
     b = np.floor(ideal).astype(int)
     for i in np.argsort(-(ideal - b), kind="stable")[: global_batch - int(b.sum())]:
@@ -177,7 +184,7 @@ def plan_stage(model: ShardModel, workers: Sequence[ShardWorker], global_batch: 
     shares = [w / total for w in weights]
     items = tuple(memory_items(model, stage, f, b) for f, b in zip(shares, batch))
     peak = tuple(peak_bytes(model, stage, f, b, w.builds_elsewhere) for f, b, w in zip(shares, batch, workers))
-    compute = max(b * w.per_sample_s for b, w in zip(batch, workers))
+    compute = max(b * w.per_sample_s for b, w in zip(batch, workers) if b > 0)
     comm = comm_bytes(model, stage, n) / min(w.bandwidth for w in workers) if n > 1 else 0.0
     return ShardPlan(stage, tuple(int(b) for b in batch), tuple(float(w) for w in weights), peak, items,
                      float(compute + comm), "")

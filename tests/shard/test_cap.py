@@ -55,3 +55,17 @@ def test_a_sharded_run_past_its_cap_stops_with_the_cap_error():
             opt.zero_grad()
             model(torch.randn(8, 512)).sum().backward()
             opt.step()
+
+
+def test_weights_by_memory_and_their_count_checked():
+    model = make_model()
+    opt = hetrain.shard(model, torch.optim.Adam(model.parameters()),
+                        hetrain.ShardConfig(stage=2, memory_bytes=64 * MiB, activation_bytes=1 * MiB))
+    # one worker: its room is its budget less its activations and what it holds whole at stage 2
+    n = sum(p.numel() for p in model.parameters())
+    assert len(opt.weights) == 1 and 0 < opt.weights[0] < 63 * MiB
+    assert opt.units[0].layout.spans[0] == (0, opt.units[0].layout.numel)
+    assert sum(u.layout.numel for u in opt.units) == n
+    with pytest.raises(UserError, match="2 entries but the job has 1 workers"):
+        hetrain.shard(make_model(), torch.optim.Adam(make_model().parameters()),
+                      hetrain.ShardConfig(stage=1, weights=(1.0, 2.0)))

@@ -114,3 +114,21 @@ def test_shard_plan_command_refuses_with_the_named_message(tmp_path, capsys):
     assert main(["shard-plan", "--cluster", _cluster_file(tmp_path), "--units", "59059200x8"]) == 2
     err = capsys.readouterr().err
     assert "no sharding plan fits" in err and "worker small" in err and "largest item is" in err
+
+
+def test_shard_plan_command_explains_bad_units(tmp_path, capsys):
+    from hetrain.cli import main
+
+    assert main(["shard-plan", "--cluster", _cluster_file(tmp_path), "--units", "12xbig"]) == 2
+    assert "give unit sizes in elements" in capsys.readouterr().err
+
+
+def test_shard_config_names_the_stages():
+    from pydantic import ValidationError
+
+    from hetrain.train.shard import ShardConfig
+
+    with pytest.raises(ValidationError, match="1, 2 or 3"):
+        ShardConfig(stage=4)
+    with pytest.raises(ValidationError, match="extra"):
+        ShardConfig(stage=2, stages=3)

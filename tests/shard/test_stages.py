@@ -14,14 +14,14 @@ SPLITS = {2: [8, 4], 3: [6, 2, 4]}          # unequal batch shares (by speed)
 WEIGHTS = {2: (3.0, 1.0), 3: (1.0, 5.0, 2.0)}  # unequal memory weights (spans)
 
 
-def _train_all(rank: int, n: int) -> dict[int, list[torch.Tensor]]:
-    return {stage: _train(rank, n, stage) for stage in (1, 2, 3)}
+def _train_all(rank: int, n: int) -> dict[tuple, list[torch.Tensor]]:
+    return {(stage, ex): _train(rank, n, stage, ex) for stage in (1, 2, 3) for ex in ("sum", "owners")}
 
 
-def _train(rank: int, n: int, stage: int) -> list[torch.Tensor]:
+def _train(rank: int, n: int, stage: int, exchange: str) -> list[torch.Tensor]:
     model = make_model()
     opt = shard(model, torch.optim.Adam(model.parameters(), lr=0.05),
-                ShardConfig(stage=stage, weights=WEIGHTS[n]))
+                ShardConfig(stage=stage, weights=WEIGHTS[n], exchange=exchange))
     split = SPLITS[n]
     lo = sum(split[:rank])
     for x, y in data(STEPS, BATCH):
@@ -37,10 +37,11 @@ def _train(rank: int, n: int, stage: int) -> list[torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3])
 def test_uneven_shards_equal_one_process(n):
-    """Every stage (1, 2, 3) in one launch of n processes, each from a fresh model."""
+    """Every stage (1, 2, 3), spans exchanged by sums or per owner, in one launch of n
+    processes, each from a fresh model."""
     ref = reference(STEPS, BATCH)
     for per_rank in spawn(n, _train_all):
-        assert sorted(per_rank) == [1, 2, 3]
+        assert sorted(per_rank) == [(s, e) for s in (1, 2, 3) for e in ("owners", "sum")]
         for stage, got in per_rank.items():
             assert len(got) == len(ref)
             for a, b in zip(got, ref):

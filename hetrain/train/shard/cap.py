@@ -47,14 +47,12 @@ class MemoryCap:
             total = torch.cuda.get_device_properties(self.device).total_memory
             if self.cap_bytes < total:
                 torch.cuda.set_per_process_memory_fraction(self.cap_bytes / total, self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = float(torch.cuda.memory_allocated(self.device))
-        else:
-            self.reset()
+        self.reset()
 
     def reset(self) -> None:
         """Start measuring from now (CPU: the high-water mark restarts at the resident size)."""
         if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # blocks cached by earlier work would count against the fraction
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = float(torch.cuda.memory_allocated(self.device))
             return

@@ -30,7 +30,8 @@ def _barrier(opt) -> None:
 def save(opt, directory: str | Path) -> None:
     """Write this worker's spans; a collective (every worker calls it)."""
     d = Path(directory)
-    C.wait([])
+    for u in opt.units:  # the last step's exchange done (it writes the flat buffers the spans live in)
+        C.wait(u.gathering)
     units = []
     for u in opt.units:
         st = opt.optimizer.state.get(u.shard, {})
@@ -91,8 +92,8 @@ def load(opt, directory: str | Path) -> None:
         if state:
             opt.optimizer.state[u.shard] = state
     if opt.stage < 3:  # the whole parameters from their new owners
-        works = []
         for u in opt.units:
-            works += u.broadcast_params()
-        C.wait(works)
+            C.wait(u.gathering)
+            u.gathering = u.broadcast_params()
+            C.wait(u.gathering)
     _barrier(opt)

@@ -76,6 +76,19 @@ def broadcast_from(flat: torch.Tensor, src: int, group=None) -> None:
         dist.broadcast(flat, src=src, group=group)
 
 
+def gather_by_sum(flat: torch.Tensor, own: tuple[int, int], group=None) -> list:
+    """Fill `flat` with every owner's span in one all-reduce: each worker zeroes all but
+    its own span and the spans add up (x + 0 + ... + 0 = x, exactly). One collective a
+    unit instead of one per owner: on gloo the number of collectives, not the bytes,
+    bounds a step of many small units (bench/shard.py), and it needs no buffer beside
+    `flat` (an uneven all-gather would: gloo's needs equal, padded pieces)."""
+    s, e = own
+    with torch.no_grad():
+        flat[:s].zero_()
+        flat[e:].zero_()
+    return all_reduce(flat, group)
+
+
 def all_reduce(flat: torch.Tensor, group=None) -> list:
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return []

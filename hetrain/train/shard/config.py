@@ -27,3 +27,7 @@ class ShardConfig(BaseModel):
     memory_bytes: float | None = Field(default=None, gt=0)
     activation_bytes: float = Field(default=0.0, ge=0)
     prefetch: bool = True
+    # how spans travel: "sum", one all-reduce a unit (gradients: everyone gets the sum and
+    # keeps its span; parameters: the others' spans zeroed and summed), or "owners", one
+    # reduce / broadcast per owner's span (fewer bytes, n times the collectives)
+    exchange: Literal["sum", "owners"] = "sum"

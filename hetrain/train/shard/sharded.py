@@ -78,7 +78,8 @@ class ShardedOptimizer:
         units = _units(model)
         device = torch.device(device) if device is not None else units[0][2][0].device
         self.weights = self._weights([sum(p.numel() for p in ps) for _, _, ps in units], device)
-        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage, device)
+        self.units = [FlatUnit(name, mod, ps, self.weights, self.rank, self.ranks, group, self.stage, device,
+                               config.exchange)
                       for name, mod, ps in units]
         self.optimizer = _rebuild(optimizer, [u.shard for u in self.units])
         self._batch, self._total = 1, self.size
@@ -118,10 +119,9 @@ class ShardedOptimizer:
         u = self.units[k]
         u.pending = len(u.params)
         u.bw_armed = True
-        if self.stage == 3:
-            u.ensure_gathered()
-            if self.config.prefetch and k + 1 < len(self.units):
-                self.units[k + 1].start_gather()
+        u.ensure_gathered()  # stage 1-2: the last step's exchange of this unit, left running until now
+        if self.stage == 3 and self.config.prefetch and k + 1 < len(self.units):
+            self.units[k + 1].start_gather()
 
     def _after_forward(self, k: int, out) -> None:
         if self.stage != 3:
@@ -173,6 +173,18 @@ class ShardedOptimizer:
             raise UserError(f"the workers' batches add up to {total}; at least one sample is needed")
         self._batch, self._total = int(batch_size), int(total)
 
+    def idle_pass(self, *inputs, total: int | None = None) -> None:
+        """A member of the CPU tier (a CPU machine holding optimizer spans, training on no
+        samples) calls this where a worker runs its forward and backward: the model on an
+        empty batch (`inputs` with 0 rows), so its collectives line up with the workers';
+        its gradients weigh 0. Its `step()` then applies the update to its spans on the CPU."""
+        self.set_batch_size(0, total)
+        out = self.model(*inputs)
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs:
+            torch.stack([t.sum() for t in outs]).sum().backward()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for u in self.units:
             u.shard.grad = None
@@ -203,20 +215,23 @@ class ShardedOptimizer:
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         self.synchronize()
+        for u in self.units:  # a step without a forward since the last: its exchange first
+            C.wait(u.gathering)
         self.optimizer.step()
         self._check("optimizer step")
         if self.stage < 3:
-            works = []
+            # every owner's updated spans to every worker, left running: each unit's forward
+            # pre-hook waits for its own, so the exchange overlaps the next forward
             for u in self.units:
-                works += u.broadcast_params()
-            C.wait(works)
+                u.gathering = u.broadcast_params()
         self._check("step")
         return loss
 
     # ---- whole parameters -------------------------------------------------------------
     def gather_all(self) -> None:
-        """Make every unit's parameters whole (stage 3: e.g. to evaluate or save the
-        plain model; the next forward releases them again)."""
+        """Make every unit's parameters whole and current (stage 3: e.g. to evaluate or
+        save the plain model, the next forward releases them again; stages 1-2: the last
+        step's exchange finished)."""
         for u in self.units:
             u.ensure_gathered()
 

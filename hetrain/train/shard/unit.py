@@ -23,7 +23,8 @@ from .layout import UnitLayout
 
 class FlatUnit:
     def __init__(self, name: str, module: nn.Module, params: list[nn.Parameter], weights, rank: int,
-                 ranks: list[int], group, stage: int, device: torch.device | None = None) -> None:
+                 ranks: list[int], group, stage: int, device: torch.device | None = None,
+                 exchange: str = "sum") -> None:
         dtypes = {(p.dtype, p.device) for p in params}
         if len(dtypes) != 1:
             raise UserError(f"unit {name!r} mixes dtypes/devices {sorted(map(str, dtypes))}; shard needs one dtype "
@@ -31,6 +32,7 @@ class FlatUnit:
         self.name, self.module, self.params = name, module, params
         self.layout = UnitLayout.build(name, [tuple(p.shape) for p in params], weights)
         self.rank, self.ranks, self.group, self.stage = rank, ranks, group, stage
+        self.by_sum = exchange == "sum" and len(ranks) > 1
         p0 = params[0]
         # `device`: where the unit lives from now on (a model built on the host, sharded onto
         # a GPU smaller than its replica: only one unit is ever whole there)
@@ -68,9 +70,10 @@ class FlatUnit:
         s, e = self.layout.span(self.rank)
         with torch.no_grad():
             self.flat[s:e].copy_(self.shard.detach())
-        self.gathering = C.gather_from_owners(self.flat, self.layout.spans, self.ranks, self.group)
+        self.gathering = self._gather()
 
     def ensure_gathered(self) -> None:
+        """Whole and current: gathered (stage 3) and no exchange of it still running."""
         self.start_gather()
         C.wait(self.gathering)
 
@@ -81,6 +84,11 @@ class FlatUnit:
 
     def broadcast_params(self) -> list:
         """After the step (stage 1-2): every owner's updated span to every worker."""
+        return self._gather()
+
+    def _gather(self) -> list:
+        if self.by_sum:
+            return C.gather_by_sum(self.flat, self.layout.span(self.rank), self.group)
         return C.gather_from_owners(self.flat, self.layout.spans, self.ranks, self.group)
 
     # ---- gradients --------------------------------------------------------------------
@@ -95,7 +103,7 @@ class FlatUnit:
         if scale != 1.0:
             g.mul_(scale)
         self._grad_flat = g
-        self.reducing = (C.all_reduce(g, self.group) if all_reduce
+        self.reducing = (C.all_reduce(g, self.group) if all_reduce or self.by_sum
                          else C.reduce_to_owners(g, self.layout.spans, self.ranks, self.group))
 
     def finish_reduce(self) -> None:
