@@ -18,7 +18,7 @@ _AREAS = (
     "hetrain.sched.cli",     # schedule
     "hetrain.pipeline.cli",  # train --plan
     "hetrain.train.cli",     # report
-    "hetrain.train.shard.cli",  # shard-plan
+    "hetrain.plan.shard_cli",  # shard-plan
 )
 
 

@@ -7,7 +7,7 @@ predicted peak against its cap and its largest item; a plan that fits nowhere is
 with the largest item and the worker it overflows."""
 from __future__ import annotations
 
-from ...errors import UserError
+from ..errors import UserError
 
 MiB = 2**20
 
@@ -28,9 +28,9 @@ def _units(text: str) -> tuple[int, ...]:
 
 
 def _cmd(a) -> int:
-    from ...cluster.spec import load_cluster
-    from ...cluster.units import parse_size
-    from ...perf.shardmem import ShardModel, ShardWorker, choose_plan
+    from ..cluster.spec import load_cluster
+    from ..cluster.units import parse_size
+    from ..perf.shardmem import ShardModel, ShardWorker, choose_plan
 
     cluster = load_cluster(a.cluster)
     fallback = parse_size(a.memory) if a.memory else None
