@@ -425,7 +425,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._out:  # sitting out: the parameters stand still until it rejoins (re-synchronised then)
             self._synced = False
             self._passes = [0] * len(self._named)
-            return closure() if closure is not None else None
+            for _, p in self._named:
+                p.grad = None  # nothing to apply: the wrapped step below passes over every parameter
+            # The wrapped step still runs, on no gradients, so whatever hooks its end sees this
+            # step as every other worker does: the balanced loader's step count (which decides
+            # when every worker commits; a worker counting one step fewer would skip a commit
+            # the others make and hang them), a learning-rate schedule.
+            return self._inner.step(closure)
         if not self._skip and not self._synced:
             self.synchronize()
         elif self._skip and not self._synced and self.engine.ctx.distributed:

@@ -146,14 +146,15 @@ def _cmd_launch(args) -> int:
     argv = script_argv(args)
     if not argv:
         raise UserError("nothing to launch: give a script (`hetrain launch train.py`) or `-m module`")
+    cfg = launch_config(args, argv)  # the flags and the cluster file first, then the script: all torch-free
     check_entry_point(argv)  # a typo is answered before torch is imported
     if args.ray:
         from .ray_backend import RayOptions, launch_on_ray
 
         opts = RayOptions(address=args.ray, gpu_resource=args.ray_gpu_resource, cpus_per_process=args.ray_cpus,
                           strategy=args.ray_strategy, reserve_timeout_s=args.ray_wait)
-        return launch_on_ray(launch_config(args, argv), opts)
-    return launch(launch_config(args, argv))
+        return launch_on_ray(cfg, opts)
+    return launch(cfg)
 
 
 def _cmd_demo(args) -> int:
