@@ -1,6 +1,6 @@
 """CUDA tensors on the data plane: the engine's only CUDA-specific module.
 
-Three stagings (see comm/staging.py for the calls they share; the two work stagings
+Three stagings (see comm/staging/ for the calls they share; the two work stagings
 build on its `WorkStaging`: work buffer views, the pre-scaled fill, the host wire):
 
 - `CudaDirect`: a GPU worker pushing to summation servers over gloo. Each gradient's
@@ -256,7 +256,7 @@ class CudaDirect(_CudaStaging):
 class CudaWorkHost(_CudaStaging, WorkStaging):
     """Collectives over gloo on CUDA tensors: a pinned work buffer, filled (pre-scaled on
     the GPU) by the copy stream; results go back by the host-to-device stream. The server
-    leg is the host work staging's (comm/staging.py): the local sum is on the host here."""
+    leg is the host work staging's (comm/staging/): the local sum is on the host here."""
 
     def __init__(self, layout: FlatLayout, cuda: Cuda):
         super().__init__(layout, cuda)
