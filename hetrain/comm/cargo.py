@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# elements of spare room after each buffered all-reduce bucket (comm/staging.py
+# elements of spare room after each buffered all-reduce bucket (comm/staging/inplace.py
 # `HostInPlace`), where a trailer rides in place: 32 workers' rows of 16 numbers
 CARGO_ROOM = 512
 # most elements of a bucket without that room that a trailer may ride by copying it

@@ -1,6 +1,6 @@
 """CUDA tensors on the data plane: the engine's only CUDA-specific module.
 
-Three stagings (see comm/staging.py for the calls they share; the two work stagings
+Three stagings (see comm/staging/ for the calls they share; the two work stagings
 build on its `WorkStaging`: work buffer views, the pre-scaled fill, the host wire):
 
 - `CudaDirect`: a GPU worker pushing to summation servers over gloo. Each gradient's
@@ -173,10 +173,6 @@ class _CudaStaging(Staging):
             self.pending.popleft()
         return out
 
-    @property
-    def outstanding(self) -> int:
-        return len(self.pending)
-
     def _write_back(self) -> None:
         for i, flat in self.copies.items():
             t = self.users[i]
@@ -191,8 +187,23 @@ class _CudaStaging(Staging):
             raise self.cuda.lost("copying results back to the GPU", err) from None
 
 
-class CudaDirect(_CudaStaging):
+class _CopiedOut(_CudaStaging):
+    """Stagings whose `stage_out` copies a partition's wire bytes off the GPU on the copy
+    stream: `out_ready` polls those copies, in order, and `outstanding` counts them."""
+
+    _copying = "copying a partition to host memory"  # what a failed copy was doing
+
+    def out_ready(self, wait: bool) -> list[int]:
+        return self._poll(wait, self._copying)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.pending)
+
+
+class CudaDirect(_CopiedOut):
     direct = True
+    _copying = "copying gradients to host memory"
 
     def __init__(self, layout: FlatLayout, cuda: Cuda):
         super().__init__(layout, cuda)
@@ -230,9 +241,6 @@ class CudaDirect(_CudaStaging):
             ev = self.cuda.record(self.cuda.d2h)
         self.pending.append((pid, ev))
 
-    def out_ready(self, wait: bool) -> list[int]:
-        return self._poll(wait, "copying gradients to host memory")
-
     def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
         return _pinned_views(self, pid)
 
@@ -256,7 +264,10 @@ class CudaDirect(_CudaStaging):
 class CudaWorkHost(_CudaStaging, WorkStaging):
     """Collectives over gloo on CUDA tensors: a pinned work buffer, filled (pre-scaled on
     the GPU) by the copy stream; results go back by the host-to-device stream. The server
-    leg is the host work staging's (comm/staging.py): the local sum is on the host here."""
+    leg is the host work staging's (comm/staging/): the local sum is on the host here, so
+    `stage_out`, `out_ready` and `outstanding` are the base staging's (the wire bytes are
+    in host memory as soon as they are asked for); the copy stream's events are polled by
+    `work_ready`."""
 
     def __init__(self, layout: FlatLayout, cuda: Cuda):
         super().__init__(layout, cuda)
@@ -283,18 +294,6 @@ class CudaWorkHost(_CudaStaging, WorkStaging):
     def work_ready(self, wait: bool) -> list[int]:
         return self._poll(wait, "copying gradients to host memory")
 
-    @_on_device("copying a partition to host memory")
-    def stage_out(self, pid: int) -> None:
-        self._out.append(pid)  # already in host memory
-
-    def out_ready(self, wait: bool) -> list[int]:
-        out, self._out = self._out, []
-        return out
-
-    @property
-    def outstanding(self) -> int:
-        return len(self._out)
-
     @_on_device("writing results into the gradients")
     def deliver(self, pid: int) -> None:
         with torch.cuda.stream(self.cuda.h2d):
@@ -303,7 +302,7 @@ class CudaWorkHost(_CudaStaging, WorkStaging):
                 self.src[i][lo - a: hi - a].copy_(self.work[lo:hi], non_blocking=True)
 
 
-class CudaWorkDevice(_CudaStaging, WorkStaging):
+class CudaWorkDevice(_CopiedOut, WorkStaging):
     """Collectives over NCCL: the work buffer is on the GPU, filled on the compute stream.
     Partitions this worker pushes to the servers are copied out after the local reduce
     and back before the local broadcast (which waits on `in_event`)."""
@@ -354,9 +353,6 @@ class CudaWorkDevice(_CudaStaging, WorkStaging):
                 encode_part(w, self.work, dp, self.feedback)
                 self.payload[w.offset: w.offset + w.nbytes].copy_(dp, non_blocking=True)
             self.pending.append((pid, self.cuda.record(self.cuda.d2h)))
-
-    def out_ready(self, wait: bool) -> list[int]:
-        return self._poll(wait, "copying a partition to host memory")
 
     def views(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
         return _pinned_views(self, pid)

@@ -2,7 +2,7 @@
 
 The engine checks what the user hands over, runs the step protocol (comm/protocol.py:
 the announcement to the servers, or the all-reduced header), keeps the agreed layout
-(comm/flatlayout.py) and, per step, a staging for the tensors' device (comm/staging.py
+(comm/flatlayout.py) and, per step, a staging for the tensors' device (comm/staging/
 for host tensors, comm/cuda.py for CUDA tensors) and the transport chosen once for this
 worker (comm/transport.py). In every mode the result is the batch-weighted average
 Σ b_i g_i / Σ b_i, so workers with different batch sizes produce the update one machine
@@ -14,17 +14,18 @@ engine all-reduces among its members only (gloo, or NCCL where every member is a
 its own); its step header, manifests and mismatch errors are the group's, naming its
 members by their job ranks. One engine per group: the engines of different groups in
 one process never share a collective.
+
+Its parts live in comm/worker/: the step's book-keeping, weighting and accounting
+(step.py), the agreed layout and what hangs on it (layouts.py: `LayoutKeeper`, a base of
+`PushPull`), and the choice of staging per device (stagings.py).
 """
 from __future__ import annotations
 
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
-import torch.distributed as dist
 
 from ..errors import UserError
 from ..runtime.commthreads import yield_loop_threads, yielding
@@ -32,73 +33,22 @@ from ..runtime.context import Context, init
 from .buckets import BucketTuner
 from .flatlayout import FlatLayout
 from .group import Group
-from .layout import Manifest, check_tensors, wide_floats
-from .protocol import MAX_PARTITIONS, Announcer, ControlExchange
-from .staging import HostDirect, HostInPlace, HostWork, Staging
-from .transport import AllReduceTransport, Arrival, HierarchicalTransport, make_transport
-from .wire import wire_codecs
+from .protocol import Announcer
+from .staging import HostInPlace, Staging
+from .transport import Arrival, make_transport
+from .worker.layouts import LayoutKeeper
+from .worker.stagings import staging_for
+from .worker.step import CommStats, ExchangeOwner, _LazyScale, _Step, weigh
+
+__all__ = ["CommStats", "ExchangeOwner", "PushPull", "_LazyScale"]
 
 
-@dataclass
-class CommStats:
-    """Per-worker accounting for the step summary (seconds and bytes)."""
+class PushPull(LayoutKeeper):
+    """One engine per group of workers (the job's, or a subgroup's): `push_pull`, or
+    `begin` / `ready` / `arrived` / `finish` for an exchange overlapped with backward.
+    One exchange is in flight at a time; its owner completes it when another needs the
+    engine. The agreed layout and its stagings are kept by `LayoutKeeper`."""
 
-    steps: int = 0
-    comm_s: float = 0.0  # moving partitions (or all-reduce)
-    wait_s: float = 0.0  # waiting for the other workers (the step header)
-    hidden_s: float = 0.0  # communication that ran while backward was still computing
-    bytes_sent: int = 0  # bytes on the wire (encoded payloads when a codec is used)
-    bytes_received: int = 0
-    per_step: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class _Step:
-    """Book-keeping of one push_pull in flight."""
-
-    staging: Staging
-    wait_s: float
-    t_begin: float
-    done: list[bool]
-    covered: list[int]  # elements handed over per tensor (ready() may come in ranges)
-    overlapped: bool = False
-    control: ControlExchange | None = None  # this step's announcement, answers not yet read
-    manifest: Manifest | None = None
-    weight: int = 0
-    average: bool = True
-    total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
-    owner: ExchangeOwner | None = None  # who began it and can complete it (see PushPull.begin)
-    header: Callable[[], int] | None = None  # a speculated step's header wait: Σb, read in finish
-
-
-class ExchangeOwner(Protocol):
-    """Whoever begins an exchange that others may need the engine before it ends (a
-    DistributedOptimizer overlapping its exchange with backward): `complete_exchange`
-    finishes it, writing its results where its owner reads them."""
-
-    def complete_exchange(self) -> None: ...
-
-
-class _LazyScale:
-    """This worker's factor b_i / Σb (1 to sum), known once the step header is in:
-    calling it waits for the header (the first time only) and checks it."""
-
-    def __init__(self, wait, weight: int, average: bool, denominator: int | None = None):
-        self.wait, self.weight, self.average = wait, weight, average
-        self.denominator = denominator  # the caller's total, when it gave one (see PushPull.begin)
-        self.value: float | None = None
-        self.total = -1
-
-    def __call__(self) -> float:
-        if self.value is None:
-            self.total = self.wait()
-            if self.average and self.total == 0:
-                raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
-            self.value = (self.weight / (self.denominator or self.total)) if self.average else 1.0
-        return self.value
-
-
-class PushPull:
     def __init__(self, ctx: Context | None = None, group: Group | None = None):
         self.ctx = ctx or init()
         self.group = group
@@ -191,36 +141,18 @@ class PushPull:
         if self.local:  # one process: the weighted average of one worker is itself
             if average and weight == 0:
                 raise UserError("every worker pushed with weight 0: at least one worker needs a non-empty batch")
-            self._account(time.perf_counter() - t0, 0.0, 0, 0.0)
+            self.stats.account(time.perf_counter() - t0, 0.0, 0, 0.0)
             return False
         weight = int(weight)
-        control, agreed_total, header = None, -1, None
-        if isinstance(self.transport, AllReduceTransport):  # workers scale their own share
-            if total is not None and average and digest == self.protocol.digest:
-                if total < 1 or weight > total:
-                    raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
-                scale = weight / total  # the agreed layout and a known total: no header
-            elif speculate and digest == self.protocol.digest and wide_floats(named):  # Σb read in finish
-                header = self.protocol.header_start(manifest, weight, digest)
-                scale = float(weight) if average else 1.0
-            elif device.type == "cpu" and digest == self.protocol.digest:
-                wait = self.protocol.header_start(manifest, weight, digest)
-                # the agreed layout: read the header at the first bucket (it runs meanwhile)
-                scale = _LazyScale(wait, weight, average, total)
-            else:  # a new layout (or a device staging that scales while filling): agree now
-                scale = _LazyScale(self.protocol.header_start(manifest, weight, digest), weight, average, total)()
-        else:  # the servers weight each machine's push (they learn b_i from the announcement)
-            control, agreed_total = self.protocol.announce(manifest, weight, average)
-            # several workers on a machine add b_l·g_l locally; the servers divide by Σb
-            scale = float(weight if average else 1) if isinstance(self.transport, HierarchicalTransport) else 1.0
+        w = weigh(self.transport, self.protocol, named, device, manifest, digest, weight, average, total, speculate)
         staging = self._staging_for(device)
-        staging.begin(scale)
+        staging.begin(w.scale)
         self.transport.begin(staging, self.protocol.epoch, overlapped, arrival)
         t1 = time.perf_counter()
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
-                           control=control, manifest=manifest, weight=weight, average=average, total=agreed_total,
-                           owner=owner, header=header)
+                           control=w.control, manifest=manifest, weight=weight, average=average, total=w.total,
+                           owner=owner, header=w.header)
         return True
 
     def owned_by(self, owner: object) -> bool:
@@ -239,21 +171,6 @@ class PushPull:
         st.owner.complete_exchange()
         if self._step is st:  # pragma: no cover - an owner's complete_exchange always finishes it
             raise RuntimeError("the owner of the exchange in flight did not complete it")
-
-    def _described(self, named: list[tuple[str, torch.Tensor]]) -> tuple[torch.device, Manifest, int]:
-        """The tensors' device (checked), manifest and digest. A training loop hands over
-        tensors of the same names, shapes, dtypes and devices every step, so the last
-        answer is kept while they stay so (the key is all the check and the manifest
-        read): a step then costs one pass over the tensors, not three and a hash."""
-        key = tuple((n, t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None for n, t in named)
-        memo = self._memo
-        if memo is not None and memo[0] == key:
-            return memo[1]
-        device = check_tensors(named, self.ctx.device if self.ctx.distributed else None)
-        manifest = Manifest.of(named)
-        out = (device, manifest, manifest.digest())
-        self._memo = (key, out) if None not in key else None
-        return out
 
     def ready(self, index: int, tensor: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         """Elements [lo, hi) (default: all) of tensor `index` of the current push_pull are
@@ -335,7 +252,7 @@ class PushPull:
             hidden = max(0.0, span - exposed)
         else:
             exposed, hidden = end - st.t_begin, 0.0
-        self._account(st.wait_s, exposed, tr.bytes_out, hidden, tr.bytes_in)
+        self.stats.account(st.wait_s, exposed, tr.bytes_out, hidden, tr.bytes_in)
 
     def mark_step_start(self) -> None:
         """The training step starts now (the optimizer's zero_grad): the bucket tuner
@@ -358,24 +275,6 @@ class PushPull:
             return None
         return self._idle()
 
-    def grad_homes(self, named: list[tuple[str, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """Where the gradients of `named` (the agreed layout's parameters) can live so that
-        backward accumulates them straight into the all-reduce buckets, by index: views of
-        the host buffers (`HostInPlace.homes_for`); empty before a step agreed the layout
-        and elsewhere (servers, GPUs, one process)."""
-        st = self._stagings.get(torch.device("cpu"))
-        if self._step is not None or not isinstance(st, HostInPlace) or self._layout is None:
-            return {}
-        if len(named) != len(self._layout.manifest.entries) or any(
-                n != e.name for (n, _), e in zip(named, self._layout.manifest.entries)):
-            return {}
-        return st.homes_for([t for _, t in named])
-
-    def zero_grad_homes(self) -> None:
-        """Zero the buffers that hold gradient homes (see `grad_homes`)."""
-        if isinstance(st := self._stagings.get(torch.device("cpu")), HostInPlace):
-            st.zero_homes()
-
     def is_ready(self, index: int) -> bool:
         """Whether tensor `index` of the push_pull in flight was already handed over."""
         return self._step is not None and self._step.done[index]
@@ -383,15 +282,6 @@ class PushPull:
     def carry(self, row):
         """`row` rides this engine's next step (`Transport.carry`, comm/cargo.py), or None."""
         return self.transport.carry(row) if self.transport is not None else None
-
-    @property
-    def single_bucket(self) -> bool:
-        """The agreed layout is one all-reduce bucket of host tensors: handing them over
-        while backward runs starts nothing earlier (not for GPU tensors, whose copies to
-        the host do overlap with backward)."""
-        return (self._layout is not None and isinstance(self.transport, AllReduceTransport)
-                and len(self._layout.parts) == 1 and bool(self._stagings)
-                and all(d.type == "cpu" for d in self._stagings))
 
     @property
     def in_flight(self) -> bool:
@@ -410,89 +300,9 @@ class PushPull:
         self.protocol.stop()
 
     # ---- internals ----------------------------------------------------------------------
-    def _new_layout(self, manifest: Manifest, left: int) -> None:
-        """Every rank agreed on another layout: keep the one left (`left`, its digest) and
-        take back this one's if it was kept (comm/known.py); else derive its partitions,
-        codecs and pushers (and, for the job's all-reduce with `--buckets tuned`, start
-        tuning its buckets)."""
-        tr, known = self.transport, self.protocol.known
-        if self._layout is not None:
-            known.stash(left, (self._layout, self._stagings, self._tuner, getattr(tr, "caps", None)))
-        kept = known.take(self.protocol.digest)
-        if kept is not None:
-            self._layout, self._stagings, self._tuner, caps = kept
-            if caps is not None:
-                tr.caps = caps
-            return
-        if isinstance(tr, AllReduceTransport) and self.group is None and self.ctx.comm.buckets == "tuned":
-            self._tuner = BucketTuner([e.numel for e in manifest.entries], self._agree_max)
-            tr.caps = self._tuner.caps
-        else:
-            self._tuner = None
-        self._build_layout(manifest)
-
-    def _agree_max(self, values: list[float]) -> list[float]:
-        """Element-wise maximum of `values` over the job's workers (the bucket tuner's
-        agreement, at the same step on every worker)."""
-        t = torch.tensor(values, dtype=torch.float64)
-        try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.transport.members.gloo)
-        except RuntimeError as err:
-            raise self.ctx.peer_error("agreeing on all-reduce bucket sizes", [], err) from None
-        return t.tolist()
-
-    def _tune_buckets(self, began: float, on_device: bool) -> None:
-        """End of a step that began (its push_pull did) at `began`: the tuner may switch
-        the bucket plan for the next one."""
-        if self._tuner is not None and self._tuner.step_done(time.perf_counter() - began, on_device):
-            self.transport.caps = self._tuner.caps
-            self._build_layout(self._layout.manifest)
-
-    def _build_layout(self, manifest: Manifest) -> None:
-        ctx = self.ctx
-        parts = self.transport.partitions(manifest)
-        if len(parts) >= MAX_PARTITIONS:
-            raise UserError(f"{len(parts)} partitions per step is more than hetrain supports ({MAX_PARTITIONS}); "
-                            "raise --partition-bytes")
-        if self.group is not None:  # all-reduce among the members: fp32, no pushers
-            self._layout = FlatLayout.build(manifest, parts, None, [[r] for r in self.group.ranks])
-        else:
-            codecs = wire_codecs(manifest, ctx.comm, ctx.cluster) if ctx.topology.servers else None
-            self._layout = FlatLayout.build(manifest, parts, codecs, ctx.topology.worker_machines)
-        self._stagings = {}  # buffers (pinned ones included) are allocated once per layout
-
     def _staging_for(self, device: torch.device) -> Staging:
         st = self._stagings.get(device)
         if st is None:
-            layout = self._layout
-            if device.type == "cuda":
-                st = self._cuda_staging(layout, device)
-            else:
-                st = (HostDirect(layout) if self.transport.direct else
-                      HostInPlace(layout) if isinstance(self.transport, AllReduceTransport) else HostWork(layout))
+            st, self._cuda = staging_for(self.ctx, self.transport, self._layout, device, self._cuda)
             self._stagings[device] = st
         return st
-
-    def _cuda_staging(self, layout: FlatLayout, device: torch.device) -> Staging:
-        from . import cuda  # the only CUDA-specific module: imported where CUDA tensors are pushed
-
-        if self._cuda is None:
-            self._cuda = cuda.Cuda(device, self.ctx.describe(self.ctx.rank))
-        if self.transport.direct:
-            return cuda.CudaDirect(layout, self._cuda)
-        nccl = (self.transport.device_work if isinstance(self.transport, AllReduceTransport)
-                else self.ctx.backends.local.get(self.ctx.machine_name) == "nccl")
-        if nccl:
-            return cuda.CudaWorkDevice(layout, self._cuda, server_leg=isinstance(self.transport, HierarchicalTransport))
-        return cuda.CudaWorkHost(layout, self._cuda)
-
-    def _account(self, wait_s: float, comm_s: float, moved: int, hidden_s: float, received: int | None = None) -> None:
-        st = self.stats
-        received = moved if received is None else received
-        st.steps += 1
-        st.wait_s += wait_s
-        st.comm_s += comm_s
-        st.hidden_s += hidden_s
-        st.bytes_sent += moved
-        st.bytes_received += received
-        st.per_step.append({"wait_s": wait_s, "comm_s": comm_s, "hidden_s": hidden_s, "bytes": moved + received})

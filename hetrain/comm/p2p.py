@@ -10,7 +10,7 @@ The guard. gloo's send and receive take host memory only: handed a CUDA pointer,
 I/O thread aborts the whole process (`writev ... Bad address`). Every hetrain send and
 receive goes through `isend`/`irecv`/`send`/`recv` here, which refuse anything but a CPU
 tensor with a UserError naming the tensor, before gloo sees it. CUDA tensors reach the
-wire only through the engine's pinned staging buffers (comm/staging.py).
+wire only through the engine's pinned staging buffers (comm/staging/, comm/cuda.py).
 """
 from __future__ import annotations
 

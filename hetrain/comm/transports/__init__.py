@@ -23,7 +23,7 @@
 
 One module per transport (base.py, server.py, allreduce.py, hierarchical.py) and the
 all-reduce's strategies (collective.py). A transport works on a step's staging
-(comm/staging.py, comm/cuda.py), which owns the buffers; `progress()` never blocks
+(comm/staging/, comm/cuda.py), which owns the buffers; `progress()` never blocks
 (called from gradient hooks), `finish()` does.
 """
 from __future__ import annotations
