@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env tests sanitizer gpubench demo hetero)
+[ ${#steps[@]} -eq 0 ] && steps=(env tests sanitizer gpubench demo hetero pushpull shard heterps)
 
 step() {  # step NAME LIMIT_S LOGFILE CMD...
     local name=$1 lim=$2 logf=$3; shift 3
@@ -40,7 +40,7 @@ for s in "${steps[@]}"; do
 'avail', torch.cuda.is_available(), 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None,
 'pydantic', pydantic.VERSION)"; } >>"$OUT/summary.txt" 2>&1 ;;
     tests)  # launched tests are independent jobs on the one GPU (gloo between them): run 4 at once
-        step tests 180 "$OUT/tests.log" "$PY" -m pytest -q -m gpu -n 4 --timeout 200 -p no:cacheprovider \
+        step tests 300 "$OUT/tests.log" "$PY" -m pytest -q -m gpu -n 4 --timeout 200 -p no:cacheprovider \
             --junitxml "$OUT/junit.xml" tests ;;
     sanitizer)  # torch's CUDA sanitizer: the in-process CUDA paths, then overlapped launched jobs
         step sanitizer_inproc 60 "$OUT/sanitizer.log" "$PY" -m pytest -q -m gpu --cuda-sanitizer --tb=short \
