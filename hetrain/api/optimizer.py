@@ -8,20 +8,17 @@ while step(), zero_grad(), state_dict() and the parameter groups are the wrapped
 optimizer's, reached through the wrapper."""
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-
 import torch
 
 from ..comm.layout import check_tensors
 from ..errors import UserError
 from . import uneven as _join
-from .adasum import adasum_allreduce
 from .amp import scaled_step
 from .basics import engine
+from .grad_hooks import GradHooks
+from .grad_sync import GradientSync
 from .members import ExchangeMembers
 from .compression import _codec_name
-from .ops import _drain
 from .reduce_op import ReduceOp, resolve
 
 _CLASSES: dict[type, type] = {}  # wrapped optimizer class -> its DistributedOptimizer class
@@ -59,7 +56,7 @@ def _check_groups(groups, num_groups, named) -> None:
                 raise UserError("groups= names a parameter that this optimizer does not train")
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
     """Wrap an optimizer: `step()` first averages gradients over workers, weighted by
     each worker's batch size (`set_batch_size`, default 1 = equal weights).
 
@@ -155,12 +152,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._announced = False  # this step's exchange announced to joined workers: see _announce
         self._join_index = _join.register_optimizer(self)
         self._covers: tuple[int, bool] | None = None  # see _covers_all_params
-        self._hooks = []
-        if self.overlap:
-            index = {id(p): i for i, (_, p) in enumerate(self._named)}
-            for _, p in self._named:
-                self._hooks.append(p.register_post_accumulate_grad_hook(
-                    lambda param, i=index[id(p)]: self._grad_ready(i, param)))
+        self._hooks = self._register_hooks() if self.overlap else []
 
     def _check_compression(self, compression) -> str:
         """The job's codec, after checking that `compression` asks for that one (the
@@ -185,50 +177,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def _average(self) -> bool:
         return self.op == ReduceOp.AVERAGE
-
-    def _outgoing(self, param: torch.Tensor) -> torch.Tensor:
-        """The gradient as it goes out: dense, divided by gradient_predivide_factor."""
-        g = param.grad
-        if g.is_sparse:
-            if not self.sparse_as_dense:
-                raise UserError("a parameter has a sparse gradient (e.g. nn.Embedding(sparse=True)); pass "
-                                "DistributedOptimizer(..., sparse_as_dense=True) to exchange it densely")
-            g = param.grad = g.to_dense()
-        if self._predivide != 1.0:
-            g.div_(self._predivide)
-        return g
-
-    def _grad_ready(self, i: int, param: torch.Tensor) -> None:
-        """Backward produced parameter i's gradient: start pushing it now (after the
-        last of `backward_passes_per_step` backward passes)."""
-        if not self._armed:
-            return
-        if self.engine.in_flight and not self.engine.owned_by(self):
-            # another optimizer's exchange (or a push_pull) holds the engine during this
-            # backward: this optimizer exchanges at its step(), after that one completes
-            self._armed = False
-            return
-        if self.backward_passes_per_step == 1 and self._predivide == 1.0 and self.engine.arrived(i, param.grad):
-            self._passes[i] = 1
-            return  # backward accumulated into the gradient's bucket: counted in, launched when complete
-        self._passes[i] += 1
-        if self._passes[i] > self.backward_passes_per_step:
-            raise UserError(f"parameter {self._named[i][0]!r} got {self._passes[i]} gradients in one step but "
-                            f"backward_passes_per_step={self.backward_passes_per_step}: call step() after every "
-                            f"{self.backward_passes_per_step} backward passes, or raise backward_passes_per_step")
-        if self._passes[i] < self.backward_passes_per_step:
-            return  # accumulate locally; the exchange happens on the last pass
-        if not self.engine.in_flight:
-            if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
-                                                             average=self._average, overlapped=True,
-                                                             total=self._total, owner=self):
-                self._armed = False
-                return
-        if self.engine.is_ready(i):
-            raise UserError(f"parameter {self._named[i][0]!r} got a second gradient in one step: overlap pushes each "
-                            "gradient as soon as backward produces it; to accumulate gradients over several "
-                            "backwards pass backward_passes_per_step=N (or drop --overlap)")
-        self.engine.ready(i, self._outgoing(param))
 
     def __getattr__(self, item):  # delegate everything else (defaults, hooks, ...) to the wrapped optimizer
         if item == "_inner":
@@ -287,117 +235,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         eng = self._members.switch(workers if can else None, self.engine.in_flight, self._named, self._inner, step)
         self._out = eng is None
         self.engine = self._members.job if eng is None else eng
-
-    def _announce(self) -> bool:
-        """Before each exchange, one tiny all-reduce tells workers that have joined
-        (hetrain.join, api/uneven.py) that this optimizer exchanges now, so they take part
-        with zero gradients and batch weight 0. True when no worker has joined; otherwise
-        the exchange runs unoverlapped at step(), as the joined workers' does."""
-        if self._announced:
-            return False
-        if self._total is not None:
-            # the step's total came with its batch (BalancedLoader): every worker takes this
-            # step by the loader's contract (its own per-step exchange admits no joined
-            # worker), so there is nobody to announce to; the step stays free of any
-            # collective besides its buckets, as DDP's is
-            return True
-        t0 = time.perf_counter()
-        active = _join.announce(_join.Kind.OPTIMIZER, self._join_index)
-        stats = getattr(self.engine, "stats", None)
-        if stats is not None:  # waiting for the other workers, never this worker's compute (the balancer reads it)
-            stats.wait_s += time.perf_counter() - t0
-        if active == self.engine.ctx.num_workers:
-            return True
-        self._announced = True
-        self._armed = False
-        return False
-
-    def synchronize(self) -> None:
-        """Exchange the gradients now (Horovod's `synchronize`), e.g. to clip them before
-        `with opt.skip_synchronize(): opt.step()`. step() does it unless it already happened
-        this step."""
-        if self.sync != "sync":
-            raise UserError(f"synchronize() exchanges gradients synchronously but this job runs sync={self.sync!r}, "
-                            "where step() pushes them to the parameter servers")
-        if self.op == ReduceOp.ADASUM:
-            raise UserError("synchronize() with op=hetrain.Adasum: the Adasum optimizer combines the workers' "
-                            "parameter updates after each local step, so there is no exchanged gradient to look at; "
-                            "use op=hetrain.Average to clip exchanged gradients")
-        if self._out:  # sitting this step out (set_exchange): nothing to add, nothing to take
-            self._armed, self._synced, self._size_set, self._total = False, True, False, None
-            self._passes = [0] * len(self._named)
-            return
-        _drain()
-        self.engine.complete_other(self)  # another optimizer's exchange still in flight: it completes first
-        if not self.engine.in_flight and not self._announced:
-            self._announce()
-        for _, p in self._named:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self._armed = False
-        if self.engine.owned_by(self):  # overlap: most partitions are already on their way
-            named = [(n, p.grad if self.engine.is_ready(i) else self._outgoing(p))
-                     for i, (n, p) in enumerate(self._named)]
-            self.engine.finish([t for _, t in named])
-        else:
-            named = [(n, self._outgoing(p)) for n, p in self._named]
-            # a joined worker's shadow exchange (below) runs the step header, so the others
-            # must too: the loader's total only spares it when every worker is training
-            total = None if self._announced else self._total
-            self.engine.push_pull(named, weight=self._batch_size, average=self._average, total=total)
-        if self._predivide != 1.0:
-            for _, t in named:
-                t.mul_(self._predivide)
-        self._passes = [0] * len(self._named)
-        self._synced = True
-        self._announced = False
-        self._size_set = False
-        self._total = None  # known for one step only
-
-    def complete_exchange(self) -> None:
-        """Complete this optimizer's exchange in flight now (the engine asks, when another
-        exchange needs it first): as `synchronize`, so step() will not exchange again.
-        Only once backward has handed it gradients: an exchange begun before backward
-        (the batch size known at zero_grad) would send gradients not yet computed."""
-        if not any(self._passes):
-            raise UserError("another exchange (push_pull, or a second DistributedOptimizer's step) was asked for "
-                            "between this DistributedOptimizer's zero_grad() and backward(), while its own exchange "
-                            "had begun: make that call after optimizer.step() (or before zero_grad())")
-        self.synchronize()
-
-    def _shadow_exchange(self) -> None:
-        """A joined worker's part in the others' exchange (api/uneven.py): zero gradients
-        with batch weight 0, so the average is over the workers still training."""
-        if self.op == ReduceOp.ADASUM:
-            for _, p in self._named:
-                adasum_allreduce(torch.zeros_like(p), "DistributedOptimizer (joined worker)")
-            return
-        named = [(n, torch.zeros_like(p)) for n, p in self._named]
-        self.engine.push_pull(named, weight=0, average=self._average)
-
-    @contextmanager
-    def skip_synchronize(self):
-        """`step()` inside this block runs the optimizer without exchanging gradients
-        (call synchronize() first), e.g. to clip the averaged gradients in between."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
-
-    def _adasum_step(self, closure):
-        """Horovod's Adasum optimizer: step on this worker's own gradients, then replace
-        each parameter's update by the Adasum of all workers' updates."""
-        if not self._announced:
-            self._announce()
-        start = [p.detach().clone() for _, p in self._named]
-        loss = self._inner.step(closure)
-        with torch.no_grad():
-            for (n, p), s in zip(self._named, start):
-                p.copy_(s + adasum_allreduce(p.detach() - s, f"DistributedOptimizer Adasum of {n!r}"))
-        self._passes = [0] * len(self._named)
-        self._announced = False
-        return loss
 
     def step(self, closure=None, grad_scaler=None):
         if closure is not None and not self._synced:

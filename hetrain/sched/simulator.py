@@ -112,6 +112,20 @@ def _apply_changes(jobs: Sequence[Job], idx_of: dict[int, int], alloc: Allocatio
         rate[i] = job.rate(new_a)
 
 
+def _retire(done: np.ndarray, now: float, jobs: Sequence[Job], alloc: Allocation, active: set[int],
+            used: np.ndarray, rem: np.ndarray, finish: np.ndarray, rate: np.ndarray) -> None:
+    """Mark the jobs in `done` finished at `now`: they leave the active set and give back
+    their GPUs, so the next decision can hand those to the jobs still waiting."""
+    for i in done.tolist():
+        rem[i] = 0.0
+        finish[i] = now
+        active.discard(i)
+        a = alloc.pop(jobs[i].job_id, None)
+        if a is not None:
+            used[a.type] -= a.n
+        rate[i] = 0.0
+
+
 Lengths = Literal["unknown", "known"]
 
 
@@ -176,14 +190,7 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
         else:
             done = act
         now = t_next
-        for i in done.tolist():
-            rem[i] = 0.0
-            finish[i] = now
-            active.discard(i)
-            a = alloc.pop(jobs[i].job_id, None)
-            if a is not None:
-                used[a.type] -= a.n
-            rate[i] = 0.0
+        _retire(done, now, jobs, alloc, active, used, rem, finish, rate)
         if bar is not None and len(done):
             bar.update(len(done))
         while ai < n and arrival[order[ai]] <= now:

@@ -38,7 +38,8 @@ from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 from .balance_config import BalanceConfig
 from .exchange_price import ExchangePrices, leaves_out
-from .exchange import Gather, carried, exchange_rows, ready, worker_gather
+from .balance_exchange import FitExchange
+from .exchange import Gather, worker_gather
 from .probe import Probe, probe_sizes
 
 
@@ -67,7 +68,7 @@ class WorkerDevice:
         return f"cuda:{self.index}" if self.cuda else f"cpu/{self.threads}t"
 
 
-class Balancer:
+class Balancer(FitExchange):
     """Per-job balancer: `sizes` is this step's batch size for every worker.
 
     Call `record(samples, seconds)` after each step's compute and `update()` once per
@@ -195,15 +196,7 @@ class Balancer:
             self.plan = self.plan_for(self.global_batch)
             self.sizes = self.plan.sizes
 
-    # -- per step
-    def record(self, samples: int, seconds: float) -> None:
-        """This worker's compute for the step just done."""
-        self.model.add(samples, seconds)
-
-    def record_exchange(self, seconds: float) -> None:
-        """This worker's exchange with the others in the step just done (`ExchangePrices.record`)."""
-        self.prices.record(seconds)
-
+    # -- per step: the shares (recording and exchanging the fits: balance_exchange.FitExchange)
     def shares_for(self, total: int) -> np.ndarray:
         """Shares of `total` samples (the global batch, or an epoch's last partial batch)
         from the agreed fits; equal (capped) before any measurement. No collective."""
@@ -354,93 +347,6 @@ class Balancer:
         worker the current plan leaves out (hysteresis: see BalanceConfig.rejoin)."""
         out = self.plan.sizes == 0 if self.plan is not None else np.zeros(self.n, dtype=bool)
         return [self.cfg.small_share * (self.cfg.rejoin if o else 1.0) for o in out]
-
-    def update(self, extra=()) -> np.ndarray:
-        """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
-        collective over the workers, every step.
-
-        With `overlap_exchange` (default) the exchange started here completes during the
-        next step, and the shares computed now use the exchange of the step before: no
-        worker waits for the others here, at the cost of shares one step older. `rows`
-        then holds the extra numbers of that earlier step (`rows_step` says which), or
-        None when no exchange has completed yet."""
-        self.step += 1
-        if not self.lockstep:
-            fixed, per = self.model.fit()
-            self.rows, self.rows_step = np.array([[*extra]], dtype=np.float64), self.step
-            self.history.append(self.sizes.copy())
-            return self.sizes
-        early, self._prefetched = self._prefetched, False  # applied in the step's exchange already
-        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
-            if not early:
-                self.rows = None
-                self._complete_pending()
-            self.history.append(self.sizes.copy())
-            return self.sizes
-        fixed, per = self.model.fit()
-        row = np.array([fixed, per, self.model.level_error, self.prices.mine(), *extra], dtype=np.float64)
-        wait = exchange_rows(row, self._gather, self.carry)
-        step = self.step
-        if self.cfg.overlap_exchange:
-            (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
-        if not early:
-            self.rows = None
-        if wait is not None:
-            self._receive(wait, step)
-        self.history.append(self.sizes.copy())
-        return self.sizes
-
-    def prefetch(self) -> None:
-        """Complete the exchange in flight and solve the shares it gives now, ahead of the
-        next `update` (the shares of the step after this one; no result of this step is
-        needed). Called from the optimizer's exchange while it waits for the step's last
-        bucket (`PushPull.while_waiting`), so the re-plan takes time the wait would idle
-        rather than the critical path between steps (not where gloo's socket threads
-        yield to this process: there the wait is theirs, runtime/commthreads.py). Same
-        shares, same rows as `update` would give; does nothing without an exchange in
-        flight."""
-        if self.lockstep and self._pending is not None and not self._prefetched and ready(self._pending[0]):
-            self._complete_pending()
-            self._prefetched = True
-
-    @property
-    def exchange_every(self) -> int:
-        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
-        return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
-
-    def flush(self) -> np.ndarray | None:
-        """Complete the exchange still in flight (end of an epoch) and apply it; returns
-        its extra numbers (None if there was none). A collective like `update`."""
-        if self._prefetched:  # applied already, after the last update
-            self._prefetched = False
-            self.history[-1] = self.sizes.copy()
-            return self.rows
-        self.rows = None
-        if self._complete_pending():
-            self.history[-1] = self.sizes.copy()
-        return self.rows
-
-    def _complete_pending(self) -> bool:
-        if self._pending is None:
-            return False
-        (wait, step), self._pending = self._pending, None
-        self._receive(wait, step)
-        return True
-
-    def _receive(self, wait: Callable[[], np.ndarray], step: int) -> None:
-        self.carried += carried(wait)
-        self._apply(wait(), step)
-
-    def _apply(self, rows: np.ndarray, step: int) -> None:
-        self.rows, self.rows_step = rows[:, 4:], step
-        self.level_error = np.nan_to_num(rows[:, 2])
-        self.prices.comm = rows[:, 3].copy()
-        if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
-            return  # equal shares do not depend on the fits: nothing to solve
-        self.fits = rows[:, :2].copy()
-        self._partial.clear()
-        self.plan = self.plan_for(self.global_batch)
-        self.sizes = self.plan.sizes
 
     def predicted(self, sizes=None) -> np.ndarray:
         """Predicted compute seconds per worker for `sizes` (default: this step's)."""

@@ -1,0 +1,112 @@
+"""The balancer's exchange of step-time fits: once every `exchange_every` steps each worker
+sends its fit of this step's compute, its exchange seconds and any extra numbers, and on
+receipt every worker re-plans the shares from the same rows (`train/exchange.py` moves
+them: riding the optimizer's all-reduce, else an all-gather of their own). With
+`overlap_exchange` the exchange completes during the next step. Mixed into
+`balance.Balancer`, which plans the shares (`plan_for`) from what is applied here."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .exchange import carried, exchange_rows, ready
+
+
+class FitExchange:
+    """Recording this worker's step and exchanging the fits with the other workers."""
+
+    def record(self, samples: int, seconds: float) -> None:
+        """This worker's compute for the step just done."""
+        self.model.add(samples, seconds)
+
+    def record_exchange(self, seconds: float) -> None:
+        """This worker's exchange with the others in the step just done (`ExchangePrices.record`)."""
+        self.prices.record(seconds)
+
+    def update(self, extra=()) -> np.ndarray:
+        """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
+        collective over the workers, every step.
+
+        With `overlap_exchange` (default) the exchange started here completes during the
+        next step, and the shares computed now use the exchange of the step before: no
+        worker waits for the others here, at the cost of shares one step older. `rows`
+        then holds the extra numbers of that earlier step (`rows_step` says which), or
+        None when no exchange has completed yet."""
+        self.step += 1
+        if not self.lockstep:
+            fixed, per = self.model.fit()
+            self.rows, self.rows_step = np.array([[*extra]], dtype=np.float64), self.step
+            self.history.append(self.sizes.copy())
+            return self.sizes
+        early, self._prefetched = self._prefetched, False  # applied in the step's exchange already
+        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
+            if not early:
+                self.rows = None
+                self._complete_pending()
+            self.history.append(self.sizes.copy())
+            return self.sizes
+        fixed, per = self.model.fit()
+        row = np.array([fixed, per, self.model.level_error, self.prices.mine(), *extra], dtype=np.float64)
+        wait = exchange_rows(row, self._gather, self.carry)
+        step = self.step
+        if self.cfg.overlap_exchange:
+            (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
+        if not early:
+            self.rows = None
+        if wait is not None:
+            self._receive(wait, step)
+        self.history.append(self.sizes.copy())
+        return self.sizes
+
+    def prefetch(self) -> None:
+        """Complete the exchange in flight and solve the shares it gives now, ahead of the
+        next `update` (the shares of the step after this one; no result of this step is
+        needed). Called from the optimizer's exchange while it waits for the step's last
+        bucket (`PushPull.while_waiting`), so the re-plan takes time the wait would idle
+        rather than the critical path between steps (not where gloo's socket threads
+        yield to this process: there the wait is theirs, runtime/commthreads.py). Same
+        shares, same rows as `update` would give; does nothing without an exchange in
+        flight."""
+        if self.lockstep and self._pending is not None and not self._prefetched and ready(self._pending[0]):
+            self._complete_pending()
+            self._prefetched = True
+
+    @property
+    def exchange_every(self) -> int:
+        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
+        return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
+    def flush(self) -> np.ndarray | None:
+        """Complete the exchange still in flight (end of an epoch) and apply it; returns
+        its extra numbers (None if there was none). A collective like `update`."""
+        if self._prefetched:  # applied already, after the last update
+            self._prefetched = False
+            self.history[-1] = self.sizes.copy()
+            return self.rows
+        self.rows = None
+        if self._complete_pending():
+            self.history[-1] = self.sizes.copy()
+        return self.rows
+
+    def _complete_pending(self) -> bool:
+        if self._pending is None:
+            return False
+        (wait, step), self._pending = self._pending, None
+        self._receive(wait, step)
+        return True
+
+    def _receive(self, wait: Callable[[], np.ndarray], step: int) -> None:
+        self.carried += carried(wait)
+        self._apply(wait(), step)
+
+    def _apply(self, rows: np.ndarray, step: int) -> None:
+        self.rows, self.rows_step = rows[:, 4:], step
+        self.level_error = np.nan_to_num(rows[:, 2])
+        self.prices.comm = rows[:, 3].copy()
+        if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
+            return  # equal shares do not depend on the fits: nothing to solve
+        self.fits = rows[:, :2].copy()
+        self._partial.clear()
+        self.plan = self.plan_for(self.global_batch)
+        self.sizes = self.plan.sizes
