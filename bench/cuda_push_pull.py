@@ -29,24 +29,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from gpu import _median_time  # noqa: E402  (bench/gpu.py: one timing loop for the GPU benches)
 from pinned_pair import repo_env  # noqa: E402
 
 MARK = "HETRAIN_CUDA_PP "
 
 
 def _median(fn, repeats: int, barrier) -> float:
-    import torch
-
     fn()  # warm-up: segments, pinned pages, buckets
-    times = []
-    for _ in range(repeats):
-        barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _median_time(fn, repeats, barrier)[0]
 
 
 def worker(params: int, repeats: int) -> None:
