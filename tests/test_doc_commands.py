@@ -11,7 +11,8 @@ listed rules, per line:
   each rule names its reason. Slurm's recipe runs through a real Slurm in
   tests/test_deploy.py.
 - SLOW: commands that start a training job (`hetrain demo`, `launch`, `train`,
-  `torchrun`, `report` of such a run): run by the slow test. The fast test runs each
+  `torchrun`, `report` of such a run): run by the slow test, marked `long` (minutes;
+  `python -m pytest -m long`, not in the default run). The fast test runs each
   block's other lines (planning, simulation, profiling) in CI, each block within a
   short timeout.
 
@@ -182,7 +183,8 @@ def _run_block(tmp_path, lines, mode):
         reasons = sorted({ln.excluded for ln in lines if ln.excluded})
         if all(ln.excluded for ln in lines):
             pytest.skip(f"every line of this block is excluded: {'; '.join(reasons)}")
-        pytest.skip(f"no {mode} commands in this block (the {'slow' if mode == 'fast' else 'fast'} test runs it)")
+        pytest.skip(f"no {mode} commands in this block (the "
+                    f"{'long test, `pytest -m long`,' if mode == 'fast' else 'fast test'} runs it)")
     env = repo_env()
     env["PATH"] = f"{_bin(tmp_path)}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.run(["bash", "-c", script], cwd=_scratch(tmp_path / "work"), env=env,

@@ -97,7 +97,7 @@ def test_a_launched_progress_bar_is_one_line_on_a_terminal(tmp_path):
     (tmp_path / "bar.py").write_text(
         "import sys, time\nfrom tqdm import tqdm\nimport hetrain\nhetrain.init()\n"
         "for i in tqdm(range(5), desc='phase', file=sys.stdout, ascii=True, mininterval=0):\n"
-        "    time.sleep(0.3)\nprint('after the bar', flush=True)\nhetrain.shutdown()\n")
+        "    time.sleep(0.3)  # a phase's work\nprint('after the bar', flush=True)\nhetrain.shutdown()\n")
     rc, text = _on_a_pty(["launch", "--nproc-per-node", "1", "bar.py"], tmp_path, 180)
     assert rc == 0, text
     bar_lines = [line for line in text.split("\n") if "phase:" in line]
