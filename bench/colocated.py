@@ -1,13 +1,24 @@
-"""All-reduce among processes on this host: hetrain's shared-memory host group
+"""All-reduce among processes on this host: hetrain's shared-memory data plane
 (hetrain/comm/shm/) beside torch.distributed's all-reduce on gloo (TCP loopback), in
-the same processes of the same run, and the memcpy bound of the shared-memory algorithm.
+the same processes of the same run, and the memcpy bound of each shared-memory algorithm.
 
-memcpy_bound_s = (2.5 + 0.5/n) · N / S · n / min(n, cores), with N the tensor's bytes, n
-the processes, S the memcpy speed measured here (bytes copied per second, one thread)
-and `cores` the CPUs this process may run on. Why: per process the algorithm reads and
-writes 5N + N/n bytes (copy in 2N; sum of its slice of every segment N + N/n; its slice
-back into its segment 2N/n; gather of the other slices 2N(n-1)/n), and a memcpy of B
-bytes reads and writes 2B; with more processes than cores they share them.
+Three ways, each all-reducing an N-byte fp32 bucket in place:
+- `shm_s`: the engine's way for host tensors: the bucket lives in the process's segment
+  (comm/shm/arena.py; backward writes the gradients there), summed where it lies;
+- `shm_copy_s`: a tensor the caller owns, copied into the segment and back in rounds
+  (comm/shm/group.py; the way for buffers the transport did not allocate);
+- `gloo_s`: torch.distributed's all-reduce on gloo, on the caller's tensor (how the
+  engine's in-place staging all-reduces host buckets without shared memory).
+
+memcpy_bound_s = (1.5 - 0.5/n) · N / S · n / min(n, cores) for the arena, and
+memcpy_bound_copy_s = (2.5 + 0.5/n) · N / S · n / min(n, cores) with the copies, where n
+is the processes, S the memcpy speed measured here (bytes copied per second, one thread)
+and `cores` the CPUs this process may run on. Why: a memcpy of B bytes reads and writes
+2B. In the arena a process reads N and writes N/n to sum its slice, and reads and writes
+(n-1)N/n to push the sum into the others' segments: 3N - N/n. With the copies it reads
+and writes 5N + N/n (copy in 2N; sum of its slice N + N/n; its slice back into its
+segment 2N/n; gather of the other slices 2N(n-1)/n). With more processes than cores they
+share them.
 
 Beside the wall times, the CPU seconds each all-reduce took in all processes together
 (`time.process_time`, every thread: gloo's I/O threads too): the work each way needs,
@@ -50,8 +61,9 @@ def memcpy_speed(nbytes: int = 100_000_000, repeats: int = 5) -> float:
     return nbytes / statistics.median(times)
 
 
-def memcpy_bound(nbytes: int, n: int, speed: float, cores: int) -> float:
-    return (2.5 + 0.5 / n) * nbytes / speed * n / min(n, cores)
+def memcpy_bound(nbytes: int, n: int, speed: float, cores: int, copies: bool = False) -> float:
+    per_byte = 2.5 + 0.5 / n if copies else 1.5 - 0.5 / n
+    return per_byte * nbytes / speed * n / min(n, cores)
 
 
 def _timed(ops: list, repeats: int) -> list[list[float]]:
@@ -73,24 +85,34 @@ def _timed(ops: list, repeats: int) -> list[list[float]]:
 
 
 def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -> None:
+    from hetrain.comm.shm.arena import ArenaGroup, arena_bytes
     from hetrain.comm.shm.group import HostGroup
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=n)
-    job = f"bench{os.getppid()}"
-    group = HostGroup(job, "bench-secret-0123456789abcdef", f"n{n}", list(range(n)), rank, dist.barrier)
+    job, secret = f"bench{os.getppid()}", "bench-secret-0123456789abcdef"
+    group = HostGroup(job, secret, f"n{n}", list(range(n)), rank, dist.barrier)
+    numel = max(sizes) // 4
+    arena = ArenaGroup(job_id=job, secret=secret, key=f"a{n}", ranks=list(range(n)), rank=rank,
+                       barrier=dist.barrier, capacity=arena_bytes([numel]))
+    bucket = arena.alloc(numel)
     res = {}
     for nbytes in sizes:
         x = torch.randn(nbytes // 4)
-        shm, gloo, shm_cpu, gloo_cpu = _timed([lambda: group.all_reduce(x), lambda: dist.all_reduce(x)], repeats)
+        xa = bucket[:nbytes // 4]
+        xa.copy_(x)
+        times = _timed([lambda: arena.all_reduce(xa), lambda: group.all_reduce(x), lambda: dist.all_reduce(x)],
+                       repeats)
         # each repeat's time is the slowest process's; its CPU time, all processes' together
-        t = torch.tensor([shm, gloo], dtype=torch.float64)
+        t = torch.tensor(times[:3], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        c = torch.tensor([shm_cpu, gloo_cpu], dtype=torch.float64)
+        c = torch.tensor(times[3:], dtype=torch.float64)
         dist.all_reduce(c)
-        res[nbytes] = {"shm_s": statistics.median(t[0].tolist()), "gloo_s": statistics.median(t[1].tolist()),
-                       "shm_cpu_s": statistics.median(c[0].tolist()), "gloo_cpu_s": statistics.median(c[1].tolist())}
-        del x
+        med = [statistics.median(r) for r in t.tolist()] + [statistics.median(r) for r in c.tolist()]
+        res[nbytes] = dict(zip(["shm_s", "shm_copy_s", "gloo_s", "shm_cpu_s", "shm_copy_cpu_s", "gloo_cpu_s"], med))
+        del x, xa
+    del bucket
+    arena.close()
     group.close()
     if rank == 0:
         out.put(res)
@@ -99,7 +121,7 @@ def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -
 
 
 def run(procs: list[int], sizes: list[int], repeats: int) -> list[dict]:
-    """One case per (processes, size): shm_s, gloo_s and memcpy_bound_s."""
+    """One case per (processes, size): shm_s, shm_copy_s, gloo_s and their memcpy bounds."""
     speed = memcpy_speed()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cases = []
@@ -117,21 +139,26 @@ def run(procs: list[int], sizes: list[int], repeats: int) -> list[dict]:
             r = res[nbytes]
             cases.append({"procs": n, "bytes": nbytes, **r,
                           "memcpy_bound_s": memcpy_bound(nbytes, n, speed, cores),
-                          "gloo_over_shm": r["gloo_s"] / r["shm_s"]})
+                          "memcpy_bound_copy_s": memcpy_bound(nbytes, n, speed, cores, copies=True),
+                          "gloo_over_shm": r["gloo_s"] / r["shm_s"],
+                          "gloo_over_shm_copy": r["gloo_s"] / r["shm_copy_s"]})
     return [dict(c, memcpy_Bps=speed, cores=cores, repeats=repeats) for c in cases]
 
 
 def table(cases: list[dict]) -> str:
-    head = (f"{'procs':>5}{'MB':>6}{'shm s':>10}{'gloo s':>10}{'gloo/shm':>9}{'memcpy bound s':>16}{'shm/bound':>10}"
-            f"{'shm cpu s':>11}{'gloo cpu s':>11}{'cpu gloo/shm':>13}")
+    head = (f"{'procs':>5}{'MB':>5}{'shm s':>9}{'gloo s':>9}{'gloo/shm':>9}{'shm/bound':>10}"
+            f"{'copy s':>9}{'gloo/copy':>10}{'copy/bound':>11}{'cpu gloo/shm':>13}")
     rows = [head, "-" * len(head)]
     for c in cases:
-        rows.append(f"{c['procs']:>5}{c['bytes'] / 1e6:>6.0f}{c['shm_s']:>10.4f}{c['gloo_s']:>10.4f}"
-                    f"{c['gloo_over_shm']:>9.2f}{c['memcpy_bound_s']:>16.4f}{c['shm_s'] / c['memcpy_bound_s']:>10.2f}"
-                    f"{c['shm_cpu_s']:>11.4f}{c['gloo_cpu_s']:>11.4f}{c['gloo_cpu_s'] / c['shm_cpu_s']:>13.2f}")
+        rows.append(f"{c['procs']:>5}{c['bytes'] / 1e6:>5.0f}{c['shm_s']:>9.4f}{c['gloo_s']:>9.4f}"
+                    f"{c['gloo_over_shm']:>9.2f}{c['shm_s'] / c['memcpy_bound_s']:>10.2f}"
+                    f"{c['shm_copy_s']:>9.4f}{c['gloo_over_shm_copy']:>10.2f}"
+                    f"{c['shm_copy_s'] / c['memcpy_bound_copy_s']:>11.2f}{c['gloo_cpu_s'] / c['shm_cpu_s']:>13.2f}")
     c = cases[0]
-    rows.append(f"(medians of {c['repeats']}, shm and gloo taking turns, each the slowest process's; memcpy {c['memcpy_Bps'] / 1e9:.2f} GB/s on one "
-                f"thread; {c['cores']} cores; bound = (2.5 + 0.5/n)·N/S·n/min(n, cores))")
+    rows.append(f"(medians of {c['repeats']}, the three taking turns, each the slowest process's; shm: buckets in the "
+                f"segments (the engine's), copy: a caller's tensor copied in and out; memcpy {c['memcpy_Bps'] / 1e9:.2f} "
+                f"GB/s on one thread; {c['cores']} cores; bounds (1.5 - 0.5/n)·N/S and (2.5 + 0.5/n)·N/S, "
+                "times n/min(n, cores))")
     return "\n".join(rows)
 
 

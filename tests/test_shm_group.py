@@ -175,12 +175,15 @@ def _no_room_member(rank: int, n: int, path: str, out) -> None:
 
     _init(rank, n, path)
     select._capacity = lambda members: 0  # /dev/shm without room, as every member finds it
+    select._room = lambda members: 0
     ctx = SimpleNamespace(env=SimpleNamespace(restart=0, job_id="noroom", origin="hetrain"), rank=rank,
                           comm=SimpleNamespace(op_timeout_s=60.0), device=torch.device("cpu"))
     coll = ShmCollective(ctx, Group("workers", tuple(range(n)), dist.group.WORLD), cuda=False)
+    layout = SimpleNamespace(parts=[SimpleNamespace(length=1001)])
+    assert coll.arena_for(layout, host=True) is None  # no room for buckets in the segments either
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        coll.begin(None, on_device=False)
+        coll.begin(None, SimpleNamespace(on_device=False))
     x = torch.full((1001,), float(rank + 1))
     coll.start(0, x, x, "all-reducing").wait()
     out.put((rank, coll.host is None and coll.fallback is not None, x[0].item(),

@@ -25,7 +25,7 @@ def test_allreduce_job_on_one_host_uses_shared_memory_and_matches_one_process(la
                         cluster=small_cluster(workers=3, cpus=0))
     assert rc == 0, log
     for r in range(3):
-        assert f"rank {r} collective ShmCollective" in log, log
+        assert f"rank {r} collective ShmCollective buckets in shared memory" in log, log
     ref = single_process()
     for r in range(3):
         got = torch.load(out / f"rank{r}.pt")

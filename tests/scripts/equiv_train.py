@@ -70,7 +70,9 @@ for step in range(STEPS):
     else:
         opt.step()
 if "--show-collective" in sys.argv:  # how the all-reduce transport moves buckets (shared memory or not)
-    print(f"rank {rank} collective {type(hetrain.engine().transport.collective).__name__}", flush=True)
+    coll = hetrain.engine().transport.collective
+    held = " buckets in shared memory" if getattr(coll, "arena", None) is not None else ""
+    print(f"rank {rank} collective {type(coll).__name__}{held}", flush=True)
 if skip_sync:
     print(f"exchanges {hetrain.engine().stats.steps} in {STEPS} steps", flush=True)
 out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ...errors import UserError
 from ...runtime.auth import load_secret
 from ...runtime.shmnames import SHM_DIR, same_host
+from .arena import ArenaGroup, arena_bytes
 from .group import DEFAULT_CAPACITY, HostGroup
 
 MIN_CAPACITY = 1 << 20
@@ -34,16 +35,49 @@ def usable(ctx, members) -> bool:
             and same_host(ctx.topology, ctx.cluster, members.ranks))
 
 
-def _capacity(members) -> int:
-    """Bytes per member's segment: the default, less where /dev/shm is small (a container's
-    64 MiB default), the same on every member (their minimum, over gloo: control only);
-    under `MIN_CAPACITY` where /dev/shm has no room at all."""
+def _room(members) -> int:
+    """Bytes of /dev/shm one member may take: half its free space shared by the members
+    (the other half stays for whatever else the host keeps there)."""
     st = os.statvfs(SHM_DIR)
-    free = st.f_bavail * st.f_frsize
-    cap = min(DEFAULT_CAPACITY, free // (2 * members.size)) // MIN_CAPACITY * MIN_CAPACITY
-    t = torch.tensor([cap], dtype=torch.int64)
+    return st.f_bavail * st.f_frsize // (2 * members.size)
+
+
+def _agreed_min(value: int, members) -> int:
+    """The members' minimum of `value`, over gloo (control only)."""
+    t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=members.gloo)
     return int(t.item())
+
+
+def _capacity(members) -> int:
+    """Bytes per member's segment: the default, less where /dev/shm is small (a container's
+    64 MiB default), the same on every member (their minimum); under `MIN_CAPACITY` where
+    /dev/shm has no room at all."""
+    return _agreed_min(min(DEFAULT_CAPACITY, _room(members)) // MIN_CAPACITY * MIN_CAPACITY, members)
+
+
+def _kw(ctx, members, key: str, capacity: int) -> dict:
+    def barrier() -> None:  # control only: the segments exist / are mapped
+        dist.barrier(group=members.gloo)
+
+    return dict(job_id=ctx.env.job_id, secret=load_secret(), key=key, ranks=members.ranks, rank=ctx.rank,
+                barrier=barrier, capacity=capacity, timeout_s=ctx.comm.op_timeout_s)
+
+
+def build_arena(ctx, members, lengths: list[int], host: bool) -> ArenaGroup | None:
+    """Segments holding fp32 buckets of `lengths` elements, one per member (comm/shm/arena.py),
+    where every member's tensors are on the host (`host`) and /dev/shm has room for them on
+    every member; else None (every member learns the same, and the buckets go through the
+    rounds of `build`'s group)."""
+    need = arena_bytes(lengths)
+    if not _agreed_min(int(host and need <= _room(members)), members):
+        return None
+    key = f"r{ctx.env.restart}-{members.name}-arena{next(_MADE[members.name + '-arena'])}"
+    try:
+        return ArenaGroup(**_kw(ctx, members, key, need))
+    except RuntimeError as err:  # a member died while the segments were made
+        raise ctx.peer_error("setting up the shared-memory buckets", [r for r in members.ranks if r != ctx.rank],
+                             err) from None
 
 
 def build(ctx, members, cuda: bool) -> HostGroup | None:
@@ -59,12 +93,7 @@ def build(ctx, members, cuda: bool) -> HostGroup | None:
             return None
         raise UserError(f"{SHM_DIR} has too little free space for the shared-memory all-reduce of {members.size} "
                         "processes with CUDA tensors; free some, or give the container more (docker run --shm-size=1g)")
-
-    def barrier() -> None:  # control only: the segments exist / are mapped
-        dist.barrier(group=members.gloo)
-
-    kw = dict(job_id=ctx.env.job_id, secret=load_secret(), key=key, ranks=members.ranks, rank=ctx.rank,
-              barrier=barrier, capacity=capacity, timeout_s=ctx.comm.op_timeout_s)
+    kw = _kw(ctx, members, key, capacity)
     try:
         if cuda:
             from .cuda import CudaHostGroup

@@ -1,6 +1,8 @@
 """`HostInPlace`: host tensors all-reduced where they lie, with gradient homes."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..cargo import CARGO_ROOM
@@ -26,10 +28,16 @@ class HostInPlace(Staging):
     optimizer puts in `.grad` at `zero_grad` (`zero_homes` zeroes the buffers), so that
     backward accumulates into the bucket: such a gradient is neither packed nor unpacked.
     A gradient found elsewhere (`.grad` replaced or set to None by other code) takes the
-    copying path, so results never depend on whether the view was kept."""
+    copying path, so results never depend on whether the view was kept.
 
-    def __init__(self, layout: FlatLayout):
+    With an `arena` (the members of a shared-memory all-reduce, comm/shm/arena.py) the
+    transport owns the memory: every bucket is buffered, in this process's segment, so
+    every fp32 gradient can have its home there and is summed where backward wrote it.
+    The arena goes when the staging does (its layout was replaced)."""
+
+    def __init__(self, layout: FlatLayout, arena=None):
         super().__init__(layout)
+        self.arena = arena
         if layout.wire is not None:  # pragma: no cover - all-reduce carries fp32 only
             raise ValueError("in-place staging carries fp32 gradients only (codecs need summation servers)")
         self.buffers: dict[int, torch.Tensor] = {}
@@ -42,14 +50,17 @@ class HostInPlace(Staging):
         self.homes: dict[int, torch.Tensor] = {}  # tensor -> its flat piece of a bucket buffer (homes_for)
         self._shaped: dict[int, torch.Tensor] = {}  # the same, shaped like the parameters
         self._homes_key: object = None
-        for pid in range(len(layout.parts)):
-            if len(layout.spans[pid]) > 1:
+        for pid in range(len(layout.parts)):  # in order: every member allocates its arena alike
+            if len(layout.spans[pid]) > 1 or arena is not None:
                 self._buffer(pid)
+        if arena is not None:
+            weakref.finalize(self, arena.close)
 
     def _buffer(self, pid: int) -> torch.Tensor:
         p = self.layout.parts[pid]
         # spare room after the bucket, where a cargo's trailer rides without a copy (comm/cargo.py)
-        self.bases[pid] = torch.empty(p.length + CARGO_ROOM, dtype=torch.float32)
+        n = p.length + CARGO_ROOM
+        self.bases[pid] = torch.empty(n, dtype=torch.float32) if self.arena is None else self.arena.alloc(n)
         buf = self.buffers[pid] = self.bases[pid][:p.length]
         spans = self.layout.spans[pid]
         self.slots[pid] = [(i, lo - self.layout.bounds[i], hi - self.layout.bounds[i]) for i, lo, hi in spans]

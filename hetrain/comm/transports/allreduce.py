@@ -77,7 +77,7 @@ class AllReduceTransport(Transport):
         self.next = 0
         self.ready: set[int] = set()
         self.works: deque = deque()
-        self.collective.begin(self.layout, staging.on_device)
+        self.collective.begin(self.layout, staging)
 
     def filled(self, pids: list[int]) -> None:
         pass

@@ -5,9 +5,11 @@ built (`collective_for`), by type:
   device buffers where every member is a GPU of its own, gloo for host buffers (two
   members swap small buckets instead: `p2p.Swap`, one round, not gloo's two);
 - `ShmCollective`: every member on one host: a reduce-scatter and an all-gather over
-  shared segments (comm/shm/), no socket; where this worker's tensors are CUDA ones the
-  segments are pinned and its buckets stay on the GPU until the copy into the segment
-  (comm/shm/cuda.py).
+  shared segments (comm/shm/), no socket. Where every member's tensors are on the host,
+  the transport owns the staging's memory: the buckets are allocated in the segments
+  (`arena_for`, comm/shm/arena.py) and summed where backward wrote them. Where this
+  worker's tensors are CUDA ones the segments are pinned and its buckets stay on the GPU
+  until the copy into the segment (comm/shm/cuda.py).
 
 The hierarchical transport's in-host reduce and broadcast take shared memory the same
 way (`local_shm`) where the machine's workers exchange host buffers.
@@ -37,7 +39,12 @@ class ProcessGroupCollective:
         """Whether CUDA buckets are all-reduced where they are (NCCL), not from pinned copies."""
         return self.members.nccl is not None
 
-    def begin(self, layout, on_device: bool) -> None:
+    def arena_for(self, layout, host: bool):
+        """No bucket memory of its own: the staging allocates its buffers (see ShmCollective)."""
+        return None
+
+    def begin(self, layout, staging) -> None:
+        on_device = staging.on_device
         self.on_device = on_device
         self.group = self.members.nccl if on_device else self.members.gloo
         if self._layout is not layout:  # new buckets: new receive buffers
@@ -74,12 +81,31 @@ class ShmCollective:
         self.cuda = cuda
         self.host = None  # the HostGroup, made at the first `begin`
         self.fallback: ProcessGroupCollective | None = None  # where /dev/shm has no room (host buffers)
+        self.arena = None  # the ArenaGroup holding the buckets of the staging in use (None: rounds)
+        self._made: tuple = (None, None)  # (layout, its ArenaGroup or None): arena_for's last answer
 
     @property
     def device_work(self) -> bool:
         return self.cuda
 
-    def begin(self, layout, on_device: bool) -> None:
+    def arena_for(self, layout, host: bool):
+        """The `ArenaGroup` whose segments hold `layout`'s buckets, for the staging to
+        allocate them in (comm/shm/arena.py), or None: where a member's tensors are on a GPU
+        (`host` False on that member) or /dev/shm has no room, the buckets go through the
+        host group's rounds. Every member asks once per new layout (the engine builds its
+        staging at the same step everywhere), since the members agree on the answer."""
+        if self._made[0] is not layout:
+            from ..shm.select import build_arena
+
+            lengths = [p.length + CARGO_ROOM for p in layout.parts]
+            self._made = (layout, build_arena(self.ctx, self.members, lengths, host))
+        return self._made[1]
+
+    def begin(self, layout, staging) -> None:
+        self.arena = getattr(staging, "arena", None)
+        if self.arena is not None:
+            return
+        on_device = staging.on_device
         if self.host is None and self.fallback is None:
             from ..shm.select import build
 
@@ -87,9 +113,11 @@ class ShmCollective:
             if self.host is None:
                 self.fallback = ProcessGroupCollective(self.ctx, self.members)
         if self.fallback is not None:
-            self.fallback.begin(layout, on_device)
+            self.fallback.begin(layout, staging)
 
     def start(self, pid: int, sent, view, what: str):
+        if self.arena is not None:  # the bucket lies in the arena: summed where it is
+            return self.arena.start(sent, what=f"{what} (bucket {pid})")
         if self.fallback is not None:
             return self.fallback.start(pid, sent, view, what)
         return self.host.start(sent, what=f"{what} (bucket {pid})")

@@ -41,7 +41,7 @@ class HierarchicalTransport(Transport):
         self.reduce_group, self.bcast_group = pair
         self.host = None  # shared memory for this step's local collectives (host buffers)
         if self.shm is not None and not staging.on_device:
-            self.shm.begin(None, False)
+            self.shm.begin(None, staging)
             self.host = self.shm.host  # None where /dev/shm had no room: gloo as before
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}

@@ -1,6 +1,7 @@
 """Which staging a device's tensors take, for the transport chosen for this worker: host
 tensors go direct to the servers, through a work buffer, or are all-reduced in place
-(comm/staging/); CUDA tensors take comm/cuda.py's stagings (pinned buffers over gloo, or
+(comm/staging/), in buckets the transport allocates where it owns their memory (the
+shared segments of one host's processes); CUDA tensors take comm/cuda.py's stagings (pinned buffers over gloo, or
 a work buffer on the GPU where NCCL carries the collectives)."""
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ def staging_for(ctx: Context, transport: Transport, layout: FlatLayout, device: 
                 cuda=None) -> tuple[Staging, object]:
     """A new staging of `layout` for tensors on `device`, and the `comm.cuda.Cuda` of this
     worker's GPU (`cuda`, made here at the first CUDA staging and kept by the caller)."""
+    arena = None
+    if isinstance(transport, AllReduceTransport):  # every member asks: they agree on the answer
+        arena = transport.collective.arena_for(layout, host=device.type == "cpu")
     if device.type == "cuda":
         return _cuda_staging(ctx, transport, layout, device, cuda)
     st = (HostDirect(layout) if transport.direct else
-          HostInPlace(layout) if isinstance(transport, AllReduceTransport) else HostWork(layout))
+          HostInPlace(layout, arena) if isinstance(transport, AllReduceTransport) else HostWork(layout))
     return st, cuda
 
 

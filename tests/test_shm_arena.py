@@ -1,0 +1,133 @@
+"""Buckets that live in shared memory (hetrain/comm/shm/arena.py) with real spawned
+processes: results equal gloo's all-reduce and one process's sum (sum and average, odd
+sizes, a bucket with a trailer's room), every member holds the same bits, a caller that
+writes its bucket as soon as the round returns never changes a peer's result, a
+SIGKILLed member is named at once, and misuse is refused with a message."""
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hetrain.comm.shm.arena import ArenaGroup, arena_bytes
+from hetrain.comm.shm.waits import ShmPeerError
+from hetrain.errors import UserError
+from hetrain.runtime.shmnames import job_segments
+
+SECRET = "0123456789abcdef0123456789abcdef"
+SIZES = (1, 7, 1000, 300_001)
+
+
+def _inputs(rank: int, numel: int, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + numel + 7919 * salt)
+    return torch.randn(numel, generator=g)
+
+
+def _init(rank: int, n: int, path: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=n)
+
+
+def _arena(rank: int, n: int, job: str, lengths) -> ArenaGroup:
+    return ArenaGroup(job_id=job, secret=SECRET, key="a", ranks=list(range(n)), rank=rank, barrier=dist.barrier,
+                      capacity=arena_bytes(list(lengths)), timeout_s=30)
+
+
+def _equal_member(rank: int, n: int, path: str, job: str) -> None:
+    _init(rank, n, path)
+    lengths = [m for m in SIZES for _ in (False, True)]
+    g = _arena(rank, n, job, lengths)
+    dist.barrier()
+    assert job_segments(job) == [], "names stay in /dev/shm after every member mapped them"
+    bufs = [g.alloc(m) for m in lengths]
+    assert len({b.data_ptr() % 64 for b in bufs}) == 1, "buckets start on cache lines"
+    for rounds in range(3):  # the same buckets, step after step
+        for k, (buf, average) in enumerate(zip(bufs, [False, True] * len(SIZES))):
+            m = buf.numel()
+            buf.copy_(_inputs(rank, m, rounds))
+            ref = buf.clone()
+            dist.all_reduce(ref)  # gloo
+            one = sum(_inputs(r, m, rounds).double() for r in range(n))
+            if average:
+                ref, one = ref / n, one / n
+            (g.start(buf, average=average).wait() if k % 2 else g.all_reduce(buf, average=average))
+            got = buf.clone()
+            buf.fill_(float("nan"))  # the caller writes its bucket at once: no peer may see it
+            what = f"round {rounds} numel {m} average {average}"
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, msg=what)
+            torch.testing.assert_close(got.double(), one, rtol=1e-5, atol=1e-5, msg=what)
+            every = [torch.empty_like(got) for _ in range(n)]
+            dist.all_gather(every, got)
+            assert all(torch.equal(e, every[0]) for e in every), f"members differ: {what}"
+    with pytest.raises(UserError, match="allocated from its arena"):
+        g.all_reduce(torch.ones(3))
+    with pytest.raises(UserError, match="no room"):
+        g.alloc(1)
+    g.close()
+    dist.destroy_process_group()
+
+
+def _spawn(target, n: int, *args):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, n, *args)) for r in range(n)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_buckets_in_the_segments_equal_gloo_and_one_process(n, tmp_path):
+    job = f"t{uuid.uuid4().hex[:8]}"
+    procs = _spawn(_equal_member, n, str(tmp_path / "pg"), job)
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0] * n
+    assert job_segments(job) == []
+
+
+def _killed_member(rank: int, n: int, path: str, job: str, out) -> None:
+    _init(rank, n, path)
+    g = _arena(rank, n, job, [100_000])
+    x = g.alloc(100_000)
+    x.fill_(1.0)
+    g.all_reduce(x)  # one good round: every member is in
+    if rank == n - 1:  # dies before the next round: the others wait in it for a member that never comes
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        g.start(x).wait()
+        out.put((rank, "no error", 0.0, []))
+    except ShmPeerError as err:
+        out.put((rank, str(err), time.monotonic() - t0, err.ranks))
+    out.close()
+    out.join_thread()
+    os._exit(0)  # the gloo group has a dead member: leave without its teardown
+
+
+@pytest.mark.slow
+def test_killed_peer_is_named_and_leaves_no_segment(tmp_path):
+    from hetrain.runtime.heartbeat import INTERVAL_S, SAMPLE_S
+
+    n, job = 3, f"t{uuid.uuid4().hex[:8]}"
+    out = mp.get_context("spawn").Queue()
+    procs = _spawn(_killed_member, n, str(tmp_path / "pg"), job, out)
+    got = sorted(out.get(timeout=120) for _ in range(n - 1))
+    for p in procs:
+        p.join(60)
+    assert procs[-1].exitcode == -signal.SIGKILL
+    for rank, message, waited, ranks in got:
+        assert ranks == [n - 1], message
+        assert f"rank {n - 1} ended" in message
+        assert waited < INTERVAL_S + SAMPLE_S, f"rank {rank} took {waited:.1f} s to name the dead peer"
+    assert job_segments(job) == []
+
+
+def test_arena_bytes_align_every_bucket():
+    assert arena_bytes([1]) == 64
+    assert arena_bytes([16, 17]) == 64 + 128
+    assert arena_bytes([]) == 0
