@@ -24,6 +24,12 @@ workers finish together), whether gradients are pushed while backward still runs
     memory_i  = state factor · parameter bytes (+ an fp32 residual per codec)
                 + b_i · activation bytes per sample kept for backward
 
+With balanced shares the runtime may leave workers out of a step altogether (a worker
+whose samples save less compute than its part in the exchange costs: share 0, it leaves
+the exchange, hetrain.api.members); `predict` prices that too: besides the whole set, the
+k fastest workers for every k (`perf.exchangeset.fastest_sets`), a set of one exchanging
+nothing and a smaller set all-reducing fp32 among its members, and predicts the fastest.
+
 `overhead` (seconds per step the framework adds: the step header, metrics exchange,
 Python), `efficiency` (bytes/s reached over the nominal NIC rate) and the codec costs are
 *fitted* (`fit`) from measured steps, so the model is the one the runs check
@@ -39,6 +45,7 @@ import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
 from .comm import byteps_shares, ring_allreduce_time
+from .exchangeset import fastest_sets
 from .steptime import predicted_times, solve_shares
 
 CommMode = Literal["allreduce", "byteps", "ps"]
@@ -143,6 +150,14 @@ class Prediction:
     dollars_per_hour: float
     why: str
     parts: dict = field(default_factory=dict)  # nominal terms of the step, what `fit` adjusts
+    # what the step runs as where workers sit out (the set's own exchange: an fp32
+    # all-reduce among them, or none); None: the candidate itself
+    runs_as: Candidate | None = None
+
+    @property
+    def ran(self) -> Candidate:
+        """The exchange the step's parts describe (what `fit` and `step_time` take)."""
+        return self.runs_as or self.candidate
 
     @property
     def samples_per_s(self) -> float:
@@ -225,8 +240,49 @@ def _sample_caps(model: JobModel, codec: str, cluster: JobCluster, global_batch:
 
 
 def predict(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch: int,
-            fitted: Fitted = Fitted()) -> Prediction:
-    """Step time, memory per worker and cost of one candidate."""
+            fitted: Fitted = Fitted(), every_worker: bool = False) -> Prediction:
+    """Step time, memory per worker and cost of one candidate: with balanced shares, of the
+    fastest set of workers the runtime would train on (`_fewer`), unless `every_worker`
+    (a run in which every worker took part, e.g. a short profiling round)."""
+    whole = _predict_set(cand, model, cluster, global_batch, fitted)
+    if every_worker or cand.shares != "balanced" or not whole.fits or len(cluster.workers) < 2:
+        return whole
+    return _fewer(whole, cand, model, cluster, global_batch, fitted)
+
+
+def _fewer(whole: Prediction, cand: Candidate, model: JobModel, cluster: JobCluster, global_batch: int,
+           fitted: Fitted) -> Prediction:
+    """`whole`, or the k fastest workers alone where they are predicted faster: the others
+    sit out at share 0 and leave the exchange (a set of one exchanges nothing; a smaller set
+    all-reduces fp32 among its members, whatever the job's mode). The machines left out are
+    still paid for, and their memory is what they hold without a batch."""
+    workers = cluster.workers
+    caps = _sample_caps(model, cand.codec, cluster, global_batch)
+    best = whole
+    for mask in fastest_sets(global_batch, [w.fixed_s for w in workers], [w.per_sample_s for w in workers], caps):
+        idx = np.flatnonzero(mask)
+        sub = replace(cluster, workers=tuple(workers[i] for i in idx))
+        # the runtime's subgroup engine all-reduces from backward's hooks; one worker alone moves nothing
+        sub_cand = replace(cand, mode="allreduce", codec="fp32", overlap=len(idx) > 1)
+        p = _predict_set(sub_cand, model, sub, global_batch, fitted)
+        if not p.fits or p.step_s >= best.step_s:
+            continue
+        shares = np.zeros(len(workers), dtype=np.int64)
+        shares[idx] = p.shares
+        compute = np.zeros(len(workers))
+        compute[idx] = p.compute_s
+        out = ", ".join(workers[i].name for i in range(len(workers)) if not mask[i])
+        why = (f"{out} sit{'s' if len(workers) - len(idx) == 1 else ''} out (exchanging with "
+               f"{'them' if len(workers) - len(idx) > 1 else 'it'} costs more than the compute saved); {p.why}")
+        best = replace(p, candidate=cand, shares=shares, compute_s=compute,
+                       memory=memory_per_worker(model, cand.codec, shares), dollars_per_hour=whole.dollars_per_hour,
+                       why=why, parts={**p.parts, "workers": int(len(idx))}, runs_as=sub_cand)
+    return best
+
+
+def _predict_set(cand: Candidate, model: JobModel, cluster: JobCluster, global_batch: int,
+                 fitted: Fitted) -> Prediction:
+    """`predict` with every worker of `cluster` in the step."""
     n = len(cluster.workers)
     wbw = np.array([w.bandwidth for w in cluster.workers], dtype=float)
     cbw = np.array(cluster.cpu_bandwidth, dtype=float)
@@ -346,29 +402,30 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
        where overlap also hides part of the per-step overhead; at least −overhead_s).
     Without a run free of overlap (an all-reduce job always overlaps) the overhead is fitted
     on the overlapped fp32 runs instead, and overlap adds nothing of its own.
-    Each prediction is one made with `predict` (any constants: the nominal parts are used)."""
+    Each prediction is one made with `predict` (any constants: the nominal parts are used),
+    for the set of workers the measured run trained on (`Prediction.ran`)."""
     fitted = _fit_overhead(observations, base)
-    coded = [(p, m) for p, m in observations if not p.candidate.overlap and p.parts["codec"] > 0]
+    coded = [(p, m) for p, m in observations if not p.ran.overlap and p.parts["codec"] > 0]
     if coded:
-        scale = [(m - step_time({**p.parts, "codec": 0.0}, p.candidate, fitted)[0]) / p.parts["codec"]
+        scale = [(m - step_time({**p.parts, "codec": 0.0}, p.ran, fitted)[0]) / p.parts["codec"]
                  for p, m in coded]
         fitted = replace(fitted, codec_scale=max(0.0, float(np.median(scale))))
-    lapped = [(p, m) for p, m in observations if p.candidate.overlap]
+    lapped = [(p, m) for p, m in observations if p.ran.overlap]
     if lapped:
-        extra = [m - step_time(p.parts, p.candidate, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
+        extra = [m - step_time(p.parts, p.ran, replace(fitted, overlap_s=0.0))[0] for p, m in lapped]
         fitted = replace(fitted, overlap_s=max(-fitted.overhead_s, float(np.median(extra))))
     return fitted
 
 
 def _fit_overhead(observations: list[tuple[Prediction, float]], base: Fitted) -> Fitted:
     """Step 1 of `fit`: overhead (and, with two or more plain runs, efficiency)."""
-    plain = [(p, m) for p, m in observations if not p.candidate.overlap and p.candidate.codec == "fp32"]
+    plain = [(p, m) for p, m in observations if not p.ran.overlap and p.ran.codec == "fp32"]
     if not plain:
-        lapped = [(p, m) for p, m in observations if p.candidate.overlap and p.candidate.codec == "fp32"]
+        lapped = [(p, m) for p, m in observations if p.ran.overlap and p.ran.codec == "fp32"]
         if not lapped:
             raise UserError("fitting the cost model needs at least one measured run without a codec")
         zero = replace(base, overhead_s=0.0, overlap_s=0.0)
-        rest = [m - step_time(p.parts, p.candidate, zero)[0] for p, m in lapped]
+        rest = [m - step_time(p.parts, p.ran, zero)[0] for p, m in lapped]
         return replace(base, overhead_s=max(0.0, float(np.median(rest))))
     a = np.array([(1.0, p.parts["comm"]) for p, _ in plain])
     y = np.array([m - p.parts["compute"] for p, m in plain])

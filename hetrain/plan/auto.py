@@ -78,5 +78,6 @@ def fitted_from_run(run_dir: str | Path, cluster: ClusterSpec,
     jc = replace(shape, workers=workers, overlap_window=JobCluster.overlap_window)
     batch = int(summary["global_batch"])
     measured = float(np.median([r["step_s"] for r in summary["ranks"].values()]))
-    fitted = fit([(predict(profiled, model, jc, batch, base), measured)], base)
+    # every worker trained in the round (the balancer leaves none out before it measured them)
+    fitted = fit([(predict(profiled, model, jc, batch, base, every_worker=True), measured)], base)
     return model, jc, fitted, batch

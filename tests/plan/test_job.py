@@ -34,7 +34,22 @@ def synthetic(rng, n: int, k: int):
 
 def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int, fitted: Fitted) -> float:
     """Step time by exhaustive search over every integer split of the batch (balanced) and
-    the closed-form exchange times, written independently of perf/job.py."""
+    the closed-form exchange times, written independently of perf/job.py. Balanced: also
+    the k fastest workers alone (by their time for the whole batch), the others sitting
+    out, as the runtime may run it: one worker exchanges nothing, several all-reduce fp32."""
+    step = _brute_set(cand, model, cluster, batch, fitted)
+    if cand.shares != "balanced":
+        return step
+    w = cluster.workers
+    order = sorted(range(len(w)), key=lambda i: (w[i].fixed_s + w[i].per_sample_s * batch, i))
+    for k in range(1, len(w)):
+        sub = JobCluster(tuple(w[i] for i in order[:k]), cluster.cpu_bandwidth, cluster.cpu_price_per_hour,
+                         partition_bytes=cluster.partition_bytes, paced_before_send=cluster.paced_before_send)
+        step = min(step, _brute_set(Candidate("allreduce", "balanced", k > 1, "fp32"), model, sub, batch, fitted))
+    return step
+
+
+def _brute_set(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int, fitted: Fitted) -> float:
     n = len(cluster.workers)
     fixed = np.array([w.fixed_s for w in cluster.workers])
     per = np.array([w.per_sample_s for w in cluster.workers])
@@ -49,10 +64,11 @@ def brute_step(cand: Candidate, model: JobModel, cluster: JobCluster, batch: int
     m = model.grad_bytes * CODEC_RATIO[cand.codec]
     bw = cluster.workers[0].bandwidth
     k = len(cluster.cpu_bandwidth)
-    comm = {"allreduce": lambda: ring_allreduce_time(m, n, bw), "byteps": lambda: byteps_time(m, n, k, bw),
-            "ps": lambda: max(m, n * m / max(k, 1)) / bw}[cand.mode]() / fitted.efficiency
+    comm = 0.0 if n == 1 else {"allreduce": lambda: ring_allreduce_time(m, n, bw),
+                               "byteps": lambda: byteps_time(m, n, k, bw),
+                               "ps": lambda: max(m, n * m / max(k, 1)) / bw}[cand.mode]() / fitted.efficiency
     codec = 0.0
-    if cand.codec != "fp32":  # workers encode+decode M; the busiest server decodes n shares, encodes one
+    if cand.codec != "fp32" and n > 1:  # workers encode+decode M; the busiest server decodes n shares, encodes one
         g = model.grad_bytes
         server = g / k if cand.mode == "ps" else max(byteps_split(n, k, g))
         codec = fitted.codec_s_per_byte[cand.codec] * fitted.codec_scale * (g + (n + 1) / 2 * server)
@@ -89,6 +105,23 @@ def test_ranking_matches_brute_force(seed):
     assert best.samples_per_s == pytest.approx(max(p.samples_per_s for p in ranked if p.dollars_per_hour <= budget))
 
 
+def test_a_balanced_split_leaves_out_a_worker_whose_exchange_costs_more_than_it_saves():
+    """Two equal workers behind a slow link: exchanging 4 MB costs more than the half batch
+    the second one computes, so the prediction is the first worker alone (the runtime's
+    balancer does the same); with equal shares both stay in and pay the exchange."""
+    workers = (JobWorker("a", 4e-3, 7.5e6), JobWorker("b", 4e-3, 7.5e6))
+    cluster = JobCluster(workers, (7.5e6,), (0.1,))
+    model = JobModel("m", grad_bytes=4e6, act_bytes_per_sample=0.0)
+    for mode in ("allreduce", "byteps", "ps"):
+        alone = predict(Candidate(mode, "balanced", False, "fp32"), model, cluster, 64)
+        assert list(alone.shares) == [64, 0] and alone.step_s == pytest.approx(64 * 4e-3)
+        assert alone.ran == Candidate("allreduce", "balanced", False, "fp32") and "b sits out" in alone.why
+        both = predict(Candidate(mode, "equal", False, "fp32"), model, cluster, 64)
+        assert list(both.shares) == [32, 32] and both.step_s > alone.step_s
+    near = JobCluster(tuple(JobWorker(w.name, w.per_sample_s, 1e10) for w in workers))  # a fast link: both help
+    assert list(predict(Candidate("allreduce", "balanced", True, "fp32"), model, near, 64).shares) == [32, 32]
+
+
 def test_no_codec_with_allreduce_and_no_servers_without_cpu_machines():
     cluster = JobCluster((JobWorker("a", 1e-3, 1e9), JobWorker("b", 1e-3, 1e9)))
     cands = candidates(cluster)
@@ -123,12 +156,14 @@ def test_memory_refuses_a_plan_that_does_not_fit():
 
 
 def test_fit_recovers_overhead_and_efficiency():
+    """Fitted on runs with every worker in the step (equal shares, as the calibration runs:
+    a balanced split may leave workers out, and which ones depends on the constants)."""
     rng = np.random.default_rng(3)
     cluster, model, _ = synthetic(rng, 3, 2)
     truth = Fitted(overhead_s=0.02, efficiency=0.6)
     obs = []
     for mode in ("allreduce", "byteps", "ps"):
-        c = Candidate(mode, "balanced", False, "fp32")
+        c = Candidate(mode, "equal", False, "fp32")
         obs.append((predict(c, model, cluster, 12), predict(c, model, cluster, 12, truth).step_s))
     got = fit(obs)
     assert got.overhead_s == pytest.approx(0.02, rel=1e-6) and got.efficiency == pytest.approx(0.6, rel=1e-5)
