@@ -33,6 +33,10 @@ from .base import SegmentGroup
 from .segment import REDUCED, WRITTEN
 
 ALIGN_BYTES = 64  # every bucket starts on a cache line
+# elements summed and pushed at a time: 256 KiB of fp32, so the partial sum stays in the
+# core's cache between the adds and the copies (each pass over a whole slice would read
+# and write it from memory again: about half the traffic for 4 members)
+CHUNK = 1 << 16
 
 
 def arena_bytes(lengths: list[int]) -> int:
@@ -86,13 +90,14 @@ class ArenaGroup(SegmentGroup):
         wait(segs, WRITTEN, s, what, skip=i)
         b = self._bounds(m)
         lo, hi = b[i], b[i + 1]
-        if hi > lo:
-            mine = views[i][lo:hi]
+        others = [v for j, v in enumerate(views) if j != i]
+        for a in range(lo, hi, CHUNK):  # a chunk's sum is pushed while it is still in cache
+            b = min(hi, a + CHUNK)
+            mine = views[i][a:b]
             # one member sums each slice (its own part first), so every member gets its bits
-            self._reduce(mine, [mine] + [v[lo:hi] for j, v in enumerate(views) if j != i], average)
-            for j, v in enumerate(views):
-                if j != i:
-                    v[lo:hi].copy_(mine)
+            self._reduce(mine, [mine] + [v[a:b] for v in others], average)
+            for v in others:
+                v[a:b].copy_(mine)
         segs[i].set_counter(REDUCED, s)
         wait(segs, REDUCED, s, what, skip=i)
         self.round = s
