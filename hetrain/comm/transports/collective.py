@@ -72,8 +72,10 @@ class ProcessGroupCollective:
 
 
 class ShmCollective:
-    """The members' shared segments (comm/shm/select.py builds the group at the first
-    step, when every member is in lockstep)."""
+    """The members' shared segments (comm/shm/select.py builds them at the first step,
+    when every member is in lockstep): the buckets of a staging that allocated them in an
+    arena (`arena_for`) are summed there; any other bucket goes through the host group's
+    rounds (`build`)."""
 
     def __init__(self, ctx, members, cuda: bool):
         self.ctx = ctx
@@ -105,7 +107,6 @@ class ShmCollective:
         self.arena = getattr(staging, "arena", None)
         if self.arena is not None:
             return
-        on_device = staging.on_device
         if self.host is None and self.fallback is None:
             from ..shm.select import build
 
