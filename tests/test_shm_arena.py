@@ -131,3 +131,13 @@ def test_arena_bytes_align_every_bucket():
     assert arena_bytes([1]) == 64
     assert arena_bytes([16, 17]) == 64 + 128
     assert arena_bytes([]) == 0
+
+
+def test_an_exchange_sets_engine_keeps_no_buckets_of_its_own():
+    """A worker switches among the engines of its exchange sets: none holds a copy of the
+    gradients in shared memory (no agreement needed: every member knows its group)."""
+    from hetrain.comm.group import Group
+    from hetrain.comm.transports.collective import ShmCollective
+
+    members = Group("exchange 0,1", (0, 1), keeps_buckets=False)
+    assert ShmCollective(None, members, cuda=False).arena_for(object(), host=True) is None

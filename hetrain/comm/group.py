@@ -43,6 +43,10 @@ class Group:
     nccl: object | None = None
     member: bool = True
     whole_job: bool = False  # every worker of the job (the group of a plain PushPull)
+    # an engine on this group may keep its buckets in memory of its own, the size of the
+    # gradients (shared segments: comm/shm/arena.py); not an exchange set's, one of several
+    # engines a worker switches between, each of which would hold a copy
+    keeps_buckets: bool = True
 
     def __post_init__(self) -> None:
         if not self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -110,7 +114,7 @@ def exchange_group(ctx, ranks: Sequence[int]) -> Group:
     name = "exchange " + ",".join(map(str, ranks))
     member = ctx.rank in ranks
     if not ctx.distributed or len(ranks) == 1:
-        return Group(name, ranks, member=member)
+        return Group(name, ranks, member=member, keeps_buckets=False)
     wait = timedelta(seconds=ctx.comm.timeout_s)
     gloo = dist.new_group(list(ranks), timeout=wait, backend="gloo")
     nccl = None
@@ -121,4 +125,4 @@ def exchange_group(ctx, ranks: Sequence[int]) -> Group:
         else:  # counted the same; a process outside the group makes nothing (nor needs NCCL)
             dist.new_group(list(ranks), timeout=wait, backend="gloo")
     yield_loop_threads()
-    return Group(name, ranks, gloo if member else None, nccl, member)
+    return Group(name, ranks, gloo if member else None, nccl, member, keeps_buckets=False)

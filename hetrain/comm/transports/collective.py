@@ -95,7 +95,10 @@ class ShmCollective:
         allocate them in (comm/shm/arena.py), or None: where a member's tensors are on a GPU
         (`host` False on that member) or /dev/shm has no room, the buckets go through the
         host group's rounds. Every member asks once per new layout (the engine builds its
-        staging at the same step everywhere), since the members agree on the answer."""
+        staging at the same step everywhere), since the members agree on the answer. None
+        at once for a group that keeps no buckets of its own (an exchange set's)."""
+        if not self.members.keeps_buckets:
+            return None
         if self._made[0] is not layout:
             from ..shm.select import build_arena
 
