@@ -17,12 +17,20 @@
 for step in sampler.steps():`, committing at the top of a step, before its update.)
 
 `State` holds objects with `state_dict()`/`load_state_dict()` (model, optimizer,
-loader or sampler...) and plain values (numbers, strings, lists and dicts of them), each an
-attribute (`state.epoch`). `commit()` snapshots them all, in memory and on disk:
+loader or sampler...), sharded optimizers (`hetrain.shard`: their parameters and
+optimizer state are committed as shards, below) and plain values (numbers, strings,
+lists and dicts of them), each an attribute (`state.epoch`). `commit()` snapshots them all, in memory and on disk:
 the first `replicas` workers each write the commit atomically, with a digest, into
 their own machine's folder (`<run_dir>/elastic/<machine>/`), so a damaged file or a
 lost machine still leaves an intact copy. `restore()` rolls back to the in-memory
 commit.
+
+A sharded optimizer's state is on no one worker: at a commit every worker writes its
+own spans (`<directory>/shards/<commit>-<name>/`, train/shard/checkpoint.py) before the
+replicas write the rest, so a commit on disk always has its shards. They are loaded on
+whatever workers the job has when it resumes (resharded), and `restore()` reads them
+back from there too. The folder must be one that every worker sees (one host, or a shared
+file system). The two newest sharded commits are kept.
 
 hetrain recovers the way torchrun does, by restarting processes: when a process dies
 or hangs, the launcher (`--max-restarts`) starts a new round of the job, and `run`
@@ -43,6 +51,7 @@ handler and only then unblocks, delivering any pending request at once.
 from __future__ import annotations
 
 import functools
+import shutil
 import signal
 import sys
 import threading
@@ -57,6 +66,7 @@ from ..runtime.context import init as _join
 from ..runtime.launch import EXIT_RESIZE, EXIT_STOPPED
 from ..runtime.rounds import COMMITS, RESIZE
 from .checkpoint import CommitStore, dumps, loads
+from .shard.sharded import ShardedOptimizer
 
 __all__ = ["EXIT_RESIZE", "EXIT_STOPPED", "State", "StopAtCommit", "on_stop_request", "run", "load_committed"]
 
@@ -112,6 +122,16 @@ def _check_plain(name: str, value) -> None:
                     "(convert numpy numbers with int() or float())")
 
 
+def _refuse_sharded_models(objects: dict, sharded: dict) -> None:
+    """A sharded model's parameters are committed with its sharded optimizer; its own
+    `state_dict` holds only what this worker has gathered (or nothing, at stage 3)."""
+    for name, item in objects.items():
+        for opt_name, opt in sharded.items():
+            if item is opt.model:
+                raise UserError(f"elastic State item {name!r} is the model sharded by {opt_name!r}: its parameters "
+                                f"are committed with {opt_name!r}; leave the model out of the State")
+
+
 class State:
     """Everything a job needs to continue where it left off (see the module docstring).
 
@@ -119,23 +139,27 @@ class State:
     workers (ranks 0..replicas-1) write each commit, each on its own machine.
     """
 
-    _own = ("_objects", "_values", "_seq", "_memory", "_ctx", "_dir", "_replicas", "_stop", "restored_from",
-            "round", "_t_commit")
+    _own = ("_objects", "_sharded", "_values", "_seq", "_memory", "_ctx", "_dir", "_replicas", "_stop",
+            "restored_from", "round", "_t_commit")
 
     def __init__(self, *, directory: str | Path | None = None, replicas: int = 2, **items):
         if replicas < 1:
             raise UserError(f"elastic State needs replicas >= 1, got {replicas}")
         ctx = _join()
-        objects, values = {}, {}
+        objects, values, sharded = {}, {}, {}
         for name, item in items.items():
             if name.startswith("_") or name in self._own or hasattr(type(self), name):
                 raise UserError(f"elastic State cannot hold an item called {name!r}; rename it")
-            if hasattr(item, "state_dict") and hasattr(item, "load_state_dict"):
+            if isinstance(item, ShardedOptimizer):
+                sharded[name] = item
+            elif hasattr(item, "state_dict") and hasattr(item, "load_state_dict"):
                 objects[name] = item
             else:
                 _check_plain(name, item)
                 values[name] = item
+        _refuse_sharded_models(objects, sharded)
         object.__setattr__(self, "_objects", objects)
+        object.__setattr__(self, "_sharded", sharded)
         object.__setattr__(self, "_values", list(values))
         for name, v in values.items():
             object.__setattr__(self, name, v)
@@ -151,13 +175,14 @@ class State:
         object.__setattr__(self, "_t_commit", 0.0)
 
     def __getattr__(self, name):
-        objects = object.__getattribute__(self, "_objects")
-        if name in objects:
-            return objects[name]
+        for kind in ("_objects", "_sharded"):
+            items = object.__getattribute__(self, kind)
+            if name in items:
+                return items[name]
         raise AttributeError(name)
 
     def __setattr__(self, name, value) -> None:
-        if name in self._objects:
+        if name in self._objects or name in self._sharded:
             raise UserError(f"elastic State item {name!r} is an object; load into it instead of replacing it")
         if name not in self._values:
             self._values.append(name)
@@ -201,16 +226,41 @@ class State:
                 self._values.append(k)
         object.__setattr__(self, "_seq", int(snap["seq"]))
 
-    def commit(self) -> None:
-        """Snapshot everything (in memory, and on disk on the replica workers), then
-        honour any stop or resize request (raises StopAtCommit, which `run` handles).
-        Call it on every worker at the same step."""
-        t0 = time.perf_counter()
-        object.__setattr__(self, "_seq", self._seq + 1)
+    def _shards(self, seq: int, name: str) -> Path:
+        return self._dir / "shards" / f"{seq:08d}-{name}"
+
+    def _write(self) -> None:
+        """The next commit: the sharded optimizers' shards (every worker its own; a
+        collective), then the snapshot in memory and on the replica workers."""
+        seq = self._seq + 1
+        for name, opt in self._sharded.items():
+            opt.save(self._shards(seq, name))  # returns once every worker wrote its spans
+        object.__setattr__(self, "_seq", seq)
         data = dumps(self._snapshot())
         object.__setattr__(self, "_memory", data)
         if self._rank < self._replicas:
-            self._replica().save(self._seq, data)
+            self._replica().save(seq, data)
+        if self._sharded and self._rank == 0:  # the two newest stay: the newest replica may be damaged
+            for old in (self._dir / "shards").glob("*-*"):
+                if old.name.split("-", 1)[0].isdigit() and int(old.name.split("-", 1)[0]) < seq - 1:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def _load_shards(self, seq: int) -> None:
+        """Every sharded optimizer from commit `seq`'s shards (a collective; resharded onto
+        this run's workers)."""
+        for name, opt in self._sharded.items():
+            where = self._shards(seq, name)
+            if not (where / "meta.pt").is_file():
+                raise UserError(f"commit {seq} has no shards of {name!r} in {where}: the elastic directory must "
+                                "be one every worker sees (one host, or a shared file system)")
+            opt.load(where)
+
+    def commit(self) -> None:
+        """Snapshot everything (in memory, and on disk on the replica workers; shards on
+        every worker), then honour any stop or resize request (raises StopAtCommit,
+        which `run` handles). Call it on every worker at the same step."""
+        t0 = time.perf_counter()
+        self._write()
         if self._rank == 0 and self._ctx.store is not None:
             try:
                 self._ctx.store.add(COMMITS, 1)  # the launcher's progress signal
@@ -225,10 +275,13 @@ class State:
         self._honour_requests(committed=False)
 
     def restore(self) -> None:
-        """Roll back to the last commit held in memory (this process's own)."""
+        """Roll back to the last commit held in memory (this process's own; a sharded
+        optimizer's shards from the commit's folder: then a collective)."""
         if self._memory is None:
             raise UserError("nothing committed yet: call state.commit() before state.restore()")
         self._load(loads(self._memory))
+        if self._sharded:
+            self._load_shards(self._seq)
 
     def _honour_requests(self, committed: bool) -> None:
         ctx = self._ctx
@@ -248,11 +301,7 @@ class State:
         if not flags.any():
             return
         if not committed:
-            object.__setattr__(self, "_seq", self._seq + 1)
-            data = dumps(self._snapshot())
-            object.__setattr__(self, "_memory", data)
-            if self._rank < self._replicas:
-                self._replica().save(self._seq, data)
+            self._write()
         if flags[0] > 0:
             raise StopAtCommit(EXIT_STOPPED, f"stopped on request at commit {self._seq}")
         raise StopAtCommit(EXIT_RESIZE, f"stopped at commit {self._seq} so that machines can join the job")
@@ -291,6 +340,8 @@ class State:
             return
         self._load(loads(data, f"commit {seq}"))
         object.__setattr__(self, "_memory", data)
+        if seq > 0 and self._sharded:
+            self._load_shards(seq)
         if seq > 0:
             object.__setattr__(self, "restored_from", seq)
             if self._rank == 0:

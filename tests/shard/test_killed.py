@@ -15,18 +15,21 @@ import yaml
 from tests.helpers import ROOT, repo_env
 from tests.shard.procs import reference
 
-SCRIPT = Path(__file__).parent / "scripts" / "killed.py"
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.mark.slow
-def test_sigkilled_worker_recovers_from_the_last_sharded_commit(tmp_path):
+@pytest.mark.parametrize("script", ["killed.py", "elastic_killed.py"])
+def test_sigkilled_worker_recovers_from_the_last_sharded_commit(script, tmp_path):
+    """killed.py saves and loads the shards itself; elastic_killed.py commits them through
+    hetrain.elastic.State and resumes with @hetrain.elastic.run."""
     cluster = {"name": "t", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}}
                                          for i in range(3)]}
     cfile = tmp_path / "c.yaml"
     cfile.write_text(yaml.safe_dump(cluster))
     out = tmp_path / "params.json"
     cmd = [sys.executable, "-m", "hetrain.cli", "launch", "--cluster", str(cfile), "--mode", "allreduce",
-           "--max-restarts", "1", "--run-dir", str(tmp_path / "run"), str(SCRIPT), str(out)]
+           "--max-restarts", "1", "--run-dir", str(tmp_path / "run"), str(SCRIPTS / script), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=repo_env(ROOT), cwd=ROOT)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
