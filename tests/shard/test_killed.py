@@ -19,9 +19,10 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["killed.py", "elastic_killed.py"])
+@pytest.mark.parametrize("script", [pytest.param("killed.py", marks=pytest.mark.long), "elastic_killed.py"])
 def test_sigkilled_worker_recovers_from_the_last_sharded_commit(script, tmp_path):
-    """killed.py saves and loads the shards itself; elastic_killed.py commits them through
+    """killed.py saves and loads the shards itself (`pytest -m long`: the same recovery
+    as the elastic one, by hand); elastic_killed.py commits them through
     hetrain.elastic.State and resumes with @hetrain.elastic.run."""
     cluster = {"name": "t", "machines": [{"name": f"w{i}", "role": "worker", "device": {"speed": 1.0}}
                                          for i in range(3)]}
