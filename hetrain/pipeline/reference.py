@@ -33,7 +33,7 @@ def train_single(spec: RunSpec, steps: int | None = None):
 
 def assemble(spec: RunSpec, step: int):
     """The full model as the pipeline's checkpoint of ``step`` holds it."""
-    from .worker import ckpt_path
+    from .checkpoints import ckpt_path
 
     model = spec.model.build()
     layout = ShardLayout([spec.model.rows] * spec.model.n_tables, spec.ps_shards)

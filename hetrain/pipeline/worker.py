@@ -29,93 +29,15 @@ from ..comm.engine import PushPull
 from ..comm.group import make_groups
 from ..errors import UserError
 from ..runtime.context import PeerLostError, init, shutdown
-from ..train.checkpoint import load_checkpoint, save_checkpoint
+from ..train.checkpoint import load_checkpoint
 from .data import CTRData, MicroBatchLoader
 from .devicemap import check_gpu_memory
 from .messages import recv_tensors, send_tensors, wire_for
 from .sparse_ps import ShardLayout, ShardState, SparseClient, serve
 from .spec import RunSpec
+from .checkpoints import ckpt_path, latest_complete, save, want_ckpt
+from .pacer import Pacer
 from .stage import StageCompute
-
-
-class Pacer:
-    """Emulated device clock (wall-clock seconds, shared by the processes of a host).
-
-    Each piece of work occupies the device for exactly its emulated time from the cost
-    model, starting when both the device is free and its input is ready: the input's
-    ready time travels in the message header (the sender's emulated finish time), so
-    the emulation does not depend on when the host happens to schedule the receiver.
-    ``begin(ready)``, then ``finish(target)`` returns the emulated finish time (to stamp
-    outgoing messages), then ``wait()`` sleeps until it. Real work longer than its slot
-    makes the device late (counted in ``over``); shorter real work is hidden.
-    """
-
-    def __init__(self, on: bool):
-        self.on = on
-        self.busy_until = 0.0
-        self.ready = 0.0
-        self.real_s = 0.0
-        self.slept_s = 0.0
-        self.over = 0
-
-    def begin(self, ready: float) -> None:
-        self.ready = ready
-        self.t0 = time.time()
-
-    def finish(self, target: float) -> float:
-        if self.on:
-            self.busy_until = max(self.busy_until, self.ready) + target
-        return self.busy_until
-
-    def wait(self) -> None:
-        now = time.time()
-        self.real_s += now - self.t0
-        if not self.on:
-            return
-        if self.busy_until > now:
-            time.sleep(self.busy_until - now)
-            self.slept_s += self.busy_until - now
-        else:
-            self.over += 1
-            self.busy_until = now
-
-    def pad(self, target: float) -> float:
-        end = self.finish(target)
-        self.wait()
-        return end
-
-
-# ------------------------------------------------------------------ checkpoints
-
-
-def ckpt_path(spec: RunSpec, step: int, name: str) -> Path:
-    return Path(spec.ckpt_dir) / f"step-{step:07d}" / f"{name}.pt"
-
-
-def latest_complete(spec: RunSpec) -> int:
-    """Newest checkpointed step for which every stage and every shard saved its file."""
-    root = Path(spec.ckpt_dir)
-    if not spec.ckpt_dir or not root.is_dir():
-        return 0
-    names = [f"stage{s}" for s in range(len(spec.stages))] + [f"shard{j}" for j in range(spec.ps_shards)]
-    steps = sorted((int(p.name.split("-")[1]) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()),
-                   reverse=True)
-    for s in steps:
-        if all(ckpt_path(spec, s, n).is_file() for n in names):
-            return s
-    return 0
-
-
-def save(spec: RunSpec, step: int, name: str, state: dict) -> None:
-    save_checkpoint(ckpt_path(spec, step, name), {"step": step, **state})
-    # keep this file's two newest generations: a crash while others save leaves a complete older one
-    mine = sorted(int(p.parent.name.split("-")[1]) for p in Path(spec.ckpt_dir).glob(f"step-*/{name}.pt"))
-    for old in mine[:-2]:
-        ckpt_path(spec, old, name).unlink(missing_ok=True)
-
-
-def want_ckpt(spec: RunSpec, done: int) -> bool:
-    return bool(spec.ckpt_dir) and (done == spec.steps or (spec.ckpt_every > 0 and done % spec.ckpt_every == 0))
 
 
 # ------------------------------------------------------------------ roles

@@ -23,7 +23,7 @@ def test_lost_stage_process_is_named_and_resume_restores(tmp_path):
     # the survivors say whom they lost, too (not just a gloo timeout)
     assert "PeerLostError" in out and "lost rank 1 (worker on machine s1r0)" in out, out
     spec = RunSpec.load(run / "spec.json")
-    from hetrain.pipeline.worker import latest_complete
+    from hetrain.pipeline.checkpoints import latest_complete
     last = latest_complete(spec)
     assert last == 2, f"newest complete checkpoint is step {last}"
     # the checkpoint holds exactly the state after 2 steps of training
