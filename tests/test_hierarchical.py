@@ -31,10 +31,12 @@ def test_hierarchical_overlapped_training_matches_single_process(launch, tmp_pat
     # --overlap: gradient hooks start the local reduces during backward, last layers first
     # --broadcast: ranks 1, 2 start perturbed and take rank 0's parameters (tensor by tensor);
     # --skip-sync: synchronize, clip, step inside skip_synchronize (no second exchange)
-    rc, log, _ = launch("equiv_train.py", str(out), "--broadcast", "--skip-sync", cluster=MIXED, mode="byteps",
-                        extra=("--partition-bytes", "2048", "--overlap"))
+    rc, log, _ = launch("equiv_train.py", str(out), "--broadcast", "--skip-sync", "--show-collective", cluster=MIXED,
+                        mode="byteps", extra=("--partition-bytes", "2048", "--overlap"))
     assert rc == 0, log
     assert "3 workers + 3 summation servers" in log
+    # machine a's two workers reduce and broadcast on work buffers in their shared segments
+    assert log.count("collective ShmCollective buckets in shared memory") == 2, log
     assert log.count("exchanges 6 in 6 steps") == 3, log
     ref = single_process()
     for r in range(3):

@@ -1,8 +1,9 @@
 """Buckets that live in shared memory (hetrain/comm/shm/arena.py) with real spawned
 processes: results equal gloo's all-reduce and one process's sum (sum and average, odd
-sizes, a bucket with a trailer's room), every member holds the same bits, a caller that
-writes its bucket as soon as the round returns never changes a peer's result, a
-SIGKILLed member is named at once, and misuse is refused with a message."""
+sizes, a bucket with a trailer's room), every member holds the same bits, the reduce to
+an owner and the broadcast from it give the owner's sum, a caller that writes its
+bucket as soon as a round returns never changes a peer's result, a SIGKILLed member is
+named at once, and misuse is refused with a message."""
 import multiprocessing as mp
 import os
 import signal
@@ -63,7 +64,19 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
             every = [torch.empty_like(got) for _ in range(n)]
             dist.all_gather(every, got)
             assert all(torch.equal(e, every[0]) for e in every), f"members differ: {what}"
-    with pytest.raises(UserError, match="allocated from its arena"):
+    for k, buf in enumerate(bufs):  # the in-host reduce to an owner and the broadcast from it
+        m, root = buf.numel(), k % n
+        buf.copy_(_inputs(rank, m, 7))
+        want = sum(_inputs(r, m, 7).double() for r in range(n)).float()
+        g.submit(g.reduce, buf, root, "reducing").wait()
+        if rank == root:
+            torch.testing.assert_close(buf, want, rtol=1e-5, atol=1e-5)
+            buf.mul_(-1.0)  # the owner's result changes (the servers' sum) before the broadcast
+        g.broadcast(buf, root)
+        got = buf.clone()
+        buf.fill_(float("nan"))  # written at once: the owner may not see it, nor a peer still copying
+        torch.testing.assert_close(got, -want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UserError, match="allocated from it"):
         g.all_reduce(torch.ones(3))
     with pytest.raises(UserError, match="no room"):
         g.alloc(1)
@@ -140,4 +153,4 @@ def test_an_exchange_sets_engine_keeps_no_buckets_of_its_own():
     from hetrain.comm.transports.collective import ShmCollective
 
     members = Group("exchange 0,1", (0, 1), keeps_buckets=False)
-    assert ShmCollective(None, members, cuda=False).arena_for(object(), host=True) is None
+    assert ShmCollective(None, members, cuda=False).arena_for(object(), True, [10]) is None

@@ -180,7 +180,7 @@ def _no_room_member(rank: int, n: int, path: str, out) -> None:
                           comm=SimpleNamespace(op_timeout_s=60.0), device=torch.device("cpu"))
     coll = ShmCollective(ctx, Group("workers", tuple(range(n)), dist.group.WORLD), cuda=False)
     layout = SimpleNamespace(parts=[SimpleNamespace(length=1001)])
-    assert coll.arena_for(layout, host=True) is None  # no room for buckets in the segments either
+    assert coll.arena_for(layout, True, [1001]) is None  # no room for buckets in the segments either
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         coll.begin(None, SimpleNamespace(on_device=False))

@@ -6,7 +6,7 @@ with broadcast_parameters; --skip-sync: opt.synchronize(), then a (no-op) clip, 
 --cuda: the model and data on hetrain.device(); --sync-debug: backward runs under
 torch.cuda.set_sync_debug_mode("error"), so a host sync in a gradient hook fails the job;
 --sgd: plain SGD (no momentum), as the parameter servers of async/stale modes run it;
---show-collective: print the all-reduce transport's strategy (comm/transports/collective.py)."""
+--show-collective: print how buckets move among processes of one host (comm/transports/collective.py)."""
 import sys
 from pathlib import Path
 
@@ -70,7 +70,8 @@ for step in range(STEPS):
     else:
         opt.step()
 if "--show-collective" in sys.argv:  # how the all-reduce transport moves buckets (shared memory or not)
-    coll = hetrain.engine().transport.collective
+    tr = hetrain.engine().transport  # the all-reduce's strategy, or a machine's local one (hierarchical)
+    coll = tr.collective if hasattr(tr, "collective") else getattr(tr, "shm", None)
     held = " buckets in shared memory" if getattr(coll, "arena", None) is not None else ""
     print(f"rank {rank} collective {type(coll).__name__}{held}", flush=True)
 if skip_sync:

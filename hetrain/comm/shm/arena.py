@@ -30,7 +30,7 @@ import torch
 
 from ...errors import UserError
 from .base import SegmentGroup
-from .segment import REDUCED, WRITTEN
+from .segment import DONE, REDUCED, WRITTEN
 
 ALIGN_BYTES = 64  # every bucket starts on a cache line
 # elements summed and pushed at a time: 256 KiB of fp32, so the partial sum stays in the
@@ -47,8 +47,10 @@ def arena_bytes(lengths: list[int]) -> int:
 class ArenaGroup(SegmentGroup):
     """A host group whose segments hold one layout's buckets (see the module docstring).
     `alloc(numel)` gives the next bucket buffer in this process's segment: every member
-    must allocate the same sizes in the same order. `all_reduce(t)` takes a tensor that
-    lies in this process's arena (a bucket, or a bucket with its cargo's trailer)."""
+    must allocate the same sizes in the same order. `all_reduce(t)`, `reduce(t, root)`
+    and `broadcast(t, root)` take a tensor that lies in this process's arena (a bucket,
+    or a bucket with its cargo's trailer); after each returns, no peer reads or writes
+    this process's segment until its next round."""
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -75,30 +77,72 @@ class ArenaGroup(SegmentGroup):
             return None
         return off // 4
 
+    def _views(self, t: torch.Tensor, what: str) -> list[torch.Tensor]:
+        """`t` (in this process's arena) at its offset in every member's segment."""
+        off = self.offset(t)
+        if off is None:
+            raise UserError(f"{what} over a shared-memory arena takes a buffer allocated from it (`alloc`), got "
+                            f"a {t.dtype} tensor of {t.numel()} elements elsewhere")
+        return [seg.data.view(torch.float32)[off:off + t.numel()] for seg in self.segments]
+
+    def _sum_slice(self, views: list[torch.Tensor], into: list[int], average: bool) -> None:
+        """This member's slice of the buffer summed over `views` into member `into[0]`'s
+        view (summed in place, so its part is added first) and copied to the views of
+        the other members in `into`, a chunk at a time (see CHUNK)."""
+        i, first = self.index, into[0]
+        b = self._bounds(views[0].numel())
+        rest = [v for j, v in enumerate(views) if j != first]
+        for lo in range(b[i], b[i + 1], CHUNK):
+            hi = min(b[i + 1], lo + CHUNK)
+            acc = views[first][lo:hi]
+            self._reduce(acc, [acc] + [v[lo:hi] for v in rest], average)
+            for j in into[1:]:
+                views[j][lo:hi].copy_(acc)
+
     def all_reduce(self, t: torch.Tensor, average: bool = False, what: str = "all-reducing") -> torch.Tensor:
         """Sum (or average) `t`, which lies in this process's arena, over the members'
         copies at the same offset; in place, returns `t`."""
-        off = self.offset(t)
-        if off is None:
-            raise UserError(f"an arena all-reduce takes a buffer allocated from its arena (`alloc`), got a "
-                            f"{t.dtype} tensor of {t.numel()} elements elsewhere")
-        m = t.numel()
-        views = [seg.data.view(torch.float32)[off:off + m] for seg in self.segments]
+        views = self._views(t, what)
         s = self.round + 1
         i, segs, wait = self.index, self.segments, self.waiter.until
         segs[i].set_counter(WRITTEN, s)
         wait(segs, WRITTEN, s, what, skip=i)
-        b = self._bounds(m)
-        lo, hi = b[i], b[i + 1]
-        others = [v for j, v in enumerate(views) if j != i]
-        for a in range(lo, hi, CHUNK):  # a chunk's sum is pushed while it is still in cache
-            b = min(hi, a + CHUNK)
-            mine = views[i][a:b]
-            # one member sums each slice (its own part first), so every member gets its bits
-            self._reduce(mine, [mine] + [v[a:b] for v in others], average)
-            for v in others:
-                v[a:b].copy_(mine)
+        # one member sums each slice, so every member gets its bits
+        self._sum_slice(views, [i] + [j for j in range(self.size) if j != i], average)
         segs[i].set_counter(REDUCED, s)
         wait(segs, REDUCED, s, what, skip=i)
+        self.round = s
+        return t
+
+    def reduce(self, t: torch.Tensor, root: int, what: str = "reducing") -> torch.Tensor:
+        """Sum `t` (in the arena) into member `root`'s copy (a job rank): each member sums
+        its slice and writes it into the root's segment only (as dist.reduce, only the
+        root's result is defined). Two phases, as `all_reduce`."""
+        views = self._views(t, what)
+        s = self.round + 1
+        i, segs, wait = self.index, self.segments, self.waiter.until
+        segs[i].set_counter(WRITTEN, s)
+        wait(segs, WRITTEN, s, what, skip=i)
+        self._sum_slice(views, [self.ranks.index(root)], False)
+        segs[i].set_counter(REDUCED, s)
+        wait(segs, REDUCED, s, what, skip=i)
+        self.round = s
+        return t
+
+    def broadcast(self, t: torch.Tensor, root: int, what: str = "broadcasting") -> torch.Tensor:
+        """Member `root`'s copy of `t` (in the arena) into every member's: the others copy
+        it out of the root's segment once it says WRITTEN, then say DONE; the root waits
+        for every DONE, so its buffer is its own again when the round returns."""
+        views = self._views(t, what)
+        s = self.round + 1
+        i, segs, wait = self.index, self.segments, self.waiter.until
+        src = self.ranks.index(root)
+        segs[i].set_counter(WRITTEN, s)
+        if i != src:
+            wait(segs, WRITTEN, s, what, skip=i)  # the root's among them
+            views[i].copy_(views[src])
+        segs[i].set_counter(DONE, s)
+        if i == src:
+            wait(segs, DONE, s, what, skip=i)
         self.round = s
         return t

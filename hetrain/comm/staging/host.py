@@ -2,6 +2,8 @@
 on a flat work buffer (`HostWork`). The all-reduce's in-place staging is in inplace.py."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..compress import ErrorFeedback
@@ -105,11 +107,20 @@ class HostDirect(Staging):
 class HostWork(WorkStaging):
     """Host tensors into a flat work buffer, pre-scaled, for collectives (all-reduce, or a
     machine's local reduce before its owner pushes to the servers). The server leg sends
-    from and receives into the work buffer (through a payload buffer with a codec)."""
+    from and receives into the work buffer (through a payload buffer with a codec).
 
-    def __init__(self, layout: FlatLayout):
+    With an `arena` (the machine's workers on one host, comm/shm/arena.py) the work buffer
+    is allocated in this process's shared segment, so the local reduce and broadcast run
+    on it where it lies; the arena goes when the staging does."""
+
+    def __init__(self, layout: FlatLayout, arena=None):
         super().__init__(layout)
-        self.work = torch.empty(layout.numel, dtype=torch.float32)
+        self.arena = arena
+        if arena is None:
+            self.work = torch.empty(layout.numel, dtype=torch.float32)
+        else:
+            self.work = arena.alloc(layout.numel)
+            weakref.finalize(self, arena.close)
         self._host_wire()
 
     def begin(self, scale: float = 1.0) -> None:

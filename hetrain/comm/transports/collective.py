@@ -12,7 +12,8 @@ built (`collective_for`), by type:
   until the copy into the segment (comm/shm/cuda.py).
 
 The hierarchical transport's in-host reduce and broadcast take shared memory the same
-way (`local_shm`) where the machine's workers exchange host buffers.
+way (`local_shm`) where the machine's workers exchange host buffers: on a work buffer
+allocated in the arena, or in the host group's rounds.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class ProcessGroupCollective:
         """Whether CUDA buckets are all-reduced where they are (NCCL), not from pinned copies."""
         return self.members.nccl is not None
 
-    def arena_for(self, layout, host: bool):
+    def arena_for(self, layout, host: bool, lengths: list[int]):
         """No bucket memory of its own: the staging allocates its buffers (see ShmCollective)."""
         return None
 
@@ -90,19 +91,19 @@ class ShmCollective:
     def device_work(self) -> bool:
         return self.cuda
 
-    def arena_for(self, layout, host: bool):
-        """The `ArenaGroup` whose segments hold `layout`'s buckets, for the staging to
-        allocate them in (comm/shm/arena.py), or None: where a member's tensors are on a GPU
-        (`host` False on that member) or /dev/shm has no room, the buckets go through the
-        host group's rounds. Every member asks once per new layout (the engine builds its
-        staging at the same step everywhere), since the members agree on the answer. None
-        at once for a group that keeps no buckets of its own (an exchange set's)."""
+    def arena_for(self, layout, host: bool, lengths: list[int]):
+        """The `ArenaGroup` whose segments hold `layout`'s buffers of `lengths` elements, for
+        the staging to allocate them in, in that order (comm/shm/arena.py), or None: where a
+        member's tensors are on a GPU (`host` False on that member) or /dev/shm has no room,
+        the buckets go through the host group's rounds. Every member asks once per new
+        layout (the engine builds its staging at the same step everywhere), since the
+        members agree on the answer. None at once for a group that keeps no buckets of its
+        own (an exchange set's)."""
         if not self.members.keeps_buckets:
             return None
         if self._made[0] is not layout:
             from ..shm.select import build_arena
 
-            lengths = [p.length + CARGO_ROOM for p in layout.parts]
             self._made = (layout, build_arena(self.ctx, self.members, lengths, host))
         return self._made[1]
 

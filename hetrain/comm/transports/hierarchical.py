@@ -42,7 +42,9 @@ class HierarchicalTransport(Transport):
         self.host = None  # shared memory for this step's local collectives (host buffers)
         if self.shm is not None and not staging.on_device:
             self.shm.begin(None, staging)
-            self.host = self.shm.host  # None where /dev/shm had no room: gloo as before
+            # the work buffer in the machine's arena, else the host group's rounds; None where
+            # /dev/shm had no room: gloo as before
+            self.host = self.shm.arena or self.shm.host
         self.order = layout.order(self.backward_order())
         self.owner = {pid: self.local[layout.owner(pid, len(self.local))] for pid in range(len(layout.parts))}
         me = self.ctx.rank

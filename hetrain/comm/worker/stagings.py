@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...runtime.context import Context
+from ..cargo import CARGO_ROOM
 from ..flatlayout import FlatLayout
 from ..staging import HostDirect, HostInPlace, HostWork, Staging
 from ..transport import AllReduceTransport, HierarchicalTransport, Transport
@@ -17,13 +18,17 @@ def staging_for(ctx: Context, transport: Transport, layout: FlatLayout, device: 
                 cuda=None) -> tuple[Staging, object]:
     """A new staging of `layout` for tensors on `device`, and the `comm.cuda.Cuda` of this
     worker's GPU (`cuda`, made here at the first CUDA staging and kept by the caller)."""
-    arena = None
+    host = device.type == "cpu"
     if isinstance(transport, AllReduceTransport):  # every member asks: they agree on the answer
-        arena = transport.collective.arena_for(layout, host=device.type == "cpu")
+        arena = transport.collective.arena_for(layout, host, [p.length + CARGO_ROOM for p in layout.parts])
+    elif isinstance(transport, HierarchicalTransport) and transport.shm is not None:  # the machine's workers
+        arena = transport.shm.arena_for(layout, host, [layout.numel])
+    else:
+        arena = None
     if device.type == "cuda":
         return _cuda_staging(ctx, transport, layout, device, cuda)
     st = (HostDirect(layout) if transport.direct else
-          HostInPlace(layout, arena) if isinstance(transport, AllReduceTransport) else HostWork(layout))
+          HostInPlace(layout, arena) if isinstance(transport, AllReduceTransport) else HostWork(layout, arena))
     return st, cuda
 
 
