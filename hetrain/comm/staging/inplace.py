@@ -28,6 +28,8 @@ class HostInPlace(Staging):
     A gradient found elsewhere (`.grad` replaced or set to None by other code) takes the
     copying path, so results never depend on whether the view was kept."""
 
+    keeps_homes = True
+
     def __init__(self, layout: FlatLayout):
         super().__init__(layout)
         if layout.wire is not None:  # pragma: no cover - all-reduce carries fp32 only

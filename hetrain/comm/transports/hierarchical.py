@@ -22,6 +22,9 @@ class HierarchicalTransport(Transport):
     """Several workers on one machine: local reduce -> owner push/pull -> local broadcast,
     per partition, pipelined (see the module docstring)."""
 
+    polls = True  # local reduces and broadcasts in flight complete while tensors are handed over
+    machine_sum = True  # the machine's workers add b_l·g_l; the servers divide by Σb
+
     def __init__(self, ctx):
         super().__init__(ctx)
         self.shares = np.array([p.share for p in ctx.topology.servers])
