@@ -2,9 +2,11 @@
 real processes (tests/scripts/engine_entries.py, all-reduce and BytePS, with and without
 overlap) counts the Python calls into comm/engine.py, comm/worker/, comm/staging/,
 comm/transports/ and comm/cuda.py per step, for a model of few tensors and one of many
-more with the same buckets; what one more gradient adds is at most 4 calls per step
-(a gradient used to enter the engine 12 times and the staging 10 times). The training
-it counts gives one process's weights, so the count is of the real path."""
+more with the same buckets; what one more gradient adds is at most 4 calls per step.
+Counted so before the engine took each gradient in one call (`PushPull.take`): 10 per
+gradient with BytePS, 15 with BytePS and overlap, 5 with all-reduce and overlap; now 3,
+3 and 2. The training it counts gives one process's weights, so the count is of the
+real path."""
 import json
 import sys
 
@@ -37,6 +39,8 @@ def test_a_gradient_enters_the_engine_at_most_four_times_per_step(launch, tmp_pa
             assert few["parts"] == many["parts"] > (1 if mode == "allreduce" else 0), (what, few, many)
             assert many["grads"] - few["grads"] == 32, what
             per_gradient = (many["calls"] - few["calls"]) / (many["grads"] - few["grads"]) / many["steps"]
+            print(f"{what}: {per_gradient:.2f} calls per gradient per step; per step {few['calls'] / few['steps']:.0f} "
+                  f"({few['grads']} gradients), {many['calls'] / many['steps']:.0f} ({many['grads']})")
             assert 0 < per_gradient <= MAX_PER_GRADIENT, (
                 f"{what}: {per_gradient:.2f} calls per gradient per step; the many-tensor model's calls: "
                 f"{many['by_function']}; the few-tensor model's: {few['by_function']}")
