@@ -194,8 +194,9 @@ class PushPull(LayoutKeeper):
             pids = staging.fill(index, tensor, 0, tensor.numel())
         st.done[index] = True
         st.covered[index] = tensor.numel()
-        if pids or st.polls:
+        if pids:
             self.transport.filled(pids)
+        if pids or st.polls:
             self.transport.progress()
         return True
 
@@ -221,8 +222,9 @@ class PushPull(LayoutKeeper):
         st.covered[index] += hi - lo
         st.done[index] = st.covered[index] >= n
         pids = st.staging.fill(index, tensor, lo, hi)
-        if pids or st.polls:
+        if pids:
             self.transport.filled(pids)
+        if pids or st.polls:
             self.transport.progress()
 
     def finish(self, tensors: list[torch.Tensor]) -> None:

@@ -142,6 +142,11 @@ class CommConfig(BaseModel):
         return self.codec.coded or bool(self.codec_rules)
 
     @property
+    def tunes_buckets(self) -> bool:
+        """The job's all-reduce measures larger buckets than DDP's (`--buckets tuned`)."""
+        return self.buckets == "tuned"
+
+    @property
     def bound(self) -> float:
         """Steps the fastest worker may run ahead of the slowest (sync 0, async no bound)."""
         return self.sync.bound(self.staleness)
