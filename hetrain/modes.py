@@ -46,7 +46,8 @@ class Mode(StrEnum):
         except ValueError:
             raise _choose("communication mode", value, options) from None
         if mode not in options:
-            raise _choose("communication mode", value, options)
+            listed = ", ".join(str(o) for o in options[:-1]) + " or " + str(options[-1])
+            raise UserError(f"communication mode '{mode}' does not apply here; choose {listed}")
         return mode
 
     @property
