@@ -72,7 +72,7 @@ class HierarchicalTransport(Transport):
         except RuntimeError as err:
             raise self.ctx.peer_error(what, [r for r in self.local if r != self.ctx.rank], err) from None
 
-    def _step(self, block: bool) -> bool:
+    def _step(self, block: bool = False) -> bool:
         """One pass over the pipeline; returns whether anything moved."""
         moved = False
         st = self.staging
@@ -137,8 +137,8 @@ class HierarchicalTransport(Transport):
         self.delivered += 1
         self.t_last = time.perf_counter()
 
-    def progress(self) -> None:
-        self._step(block=False)
+    # polled at every tensor handed over (`polls`): one call, the pass itself, not a wrapper
+    progress = _step
 
     def finish(self, idle: Callable[[], None] | None = None) -> None:
         total = len(self.layout.parts)
