@@ -336,7 +336,7 @@ class HetrainStrategy(ParallelStrategy):
         reserved = 2.0 * float(sum(p.numel() * p.element_size() for p in params))
         if self.root_device.type == "cuda":
             comm = self.ctx.comm
-            reserved += engine_device_bytes(numel, comm.codec != "fp32" or bool(comm.codec_rules))
+            reserved += engine_device_bytes(numel, comm.coded)
         return reserved
 
     # -- collectives among the workers

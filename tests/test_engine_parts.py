@@ -23,6 +23,7 @@ from hetrain.comm.layout import TensorMismatchError
 from hetrain.comm.transport import AllReduceTransport, HierarchicalTransport, ServerTransport, make_transport
 from hetrain.comm.window import CreditWindow, window_partitions
 from hetrain.errors import UserError
+from hetrain.modes import Sync
 from hetrain.runtime.env import CommConfig
 from hetrain.runtime.topology import build_topology
 
@@ -483,7 +484,7 @@ def test_zero_grad_with_every_gradient_in_its_bucket(own_zero_grad):
     model = torch.nn.Linear(3, 2)
     inner = (Counting if own_zero_grad else torch.optim.SGD)(model.parameters(), lr=0.1)
     opt = hetrain.DistributedOptimizer(inner, named_parameters=model.named_parameters(), overlap=False)
-    opt.sync, opt.engine = "sync", _HomesEngine([p for _, p in opt._named])
+    opt.sync, opt.engine = Sync.SYNC, _HomesEngine([p for _, p in opt._named])
     for step in range(3):
         opt.zero_grad()
         for i, (_, p) in enumerate(opt._named):

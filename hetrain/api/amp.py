@@ -33,8 +33,8 @@ def _stage(scaler, opt) -> str:
 
 def scaled_step(opt, scaler, closure=None):
     """`scaler.step(opt)` for a DistributedOptimizer (see the module docstring)."""
-    if opt.sync != "sync":
-        raise UserError(f"GradScaler with sync={opt.sync!r}: the parameter servers apply the pushed gradients, so a "
+    if not opt.sync.synchronous:
+        raise UserError(f"GradScaler with sync='{opt.sync}': the parameter servers apply the pushed gradients, so a "
                         "skipped step cannot be agreed; use sync mode for mixed precision")
     unscaled = _stage(scaler, opt) == "UNSCALED"
     exchanged_here = False

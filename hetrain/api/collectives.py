@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..modes import CodecChoice
 from . import uneven as _join
 from .adasum import adasum_allreduce
 from .basics import init, size
@@ -52,15 +53,18 @@ def _check_process_set(process_set, what: str) -> None:
                         "hetrain.comm.PushPull(ctx, group) for a subgroup's push_pull)")
 
 
+# what a collective sends for each codec it takes: the tensor's own dtype (None) or fp16
+_WIRE_DTYPES = {CodecChoice.FP32: None, CodecChoice.FP16: torch.float16}
+
+
 def _wire_dtype(t: torch.Tensor, compression, what: str) -> torch.dtype:
     """The dtype `t` travels in: Horovod's Compression.fp16 halves floating-point tensors."""
     if compression is None:
         return t.dtype
     name = _codec_name(compression)
-    if name == "fp32":
-        return t.dtype
-    if name == "fp16":
-        return torch.float16 if t.is_floating_point() else t.dtype
+    if name in _WIRE_DTYPES:
+        wire = _WIRE_DTYPES[name]
+        return wire if wire is not None and t.is_floating_point() else t.dtype
     raise UserError(f"{what}: compression={compression!r} is a summation-server codec; collectives take "
                     "Compression.none or Compression.fp16")
 

@@ -3,6 +3,8 @@ job's codec."""
 from __future__ import annotations
 
 from ..errors import UserError
+from ..modes import CodecChoice
+
 
 class Compression:
     """Gradient compression names for `DistributedOptimizer(compression=...)`, as in
@@ -10,18 +12,20 @@ class Compression:
     A codec is a job setting (`hetrain launch --codec`): the summation servers decode
     with it, so an optimizer may only ask for the codec the job runs."""
 
-    none = "fp32"
-    fp16 = "fp16"
-    int8 = "int8"
-    int4 = "int4"
-    auto = "auto"
+    none = CodecChoice.FP32.value  # plain words, as the user wrote them in messages
+    fp16 = CodecChoice.FP16.value
+    int8 = CodecChoice.INT8.value
+    int4 = CodecChoice.INT4.value
+    auto = CodecChoice.AUTO.value
 
 
 # Horovod's and BytePS's compressor classes, by name
-_FOREIGN_CODECS = {"NoneCompressor": "fp32", "FP16Compressor": "fp16"}
+_FOREIGN_CODECS = {"NoneCompressor": CodecChoice.FP32, "FP16Compressor": CodecChoice.FP16}
 
 
-def _codec_name(compression) -> str:
+def _codec_name(compression) -> CodecChoice:
+    """The codec `compression` names (a string, a `Compression` member, or Horovod's or
+    BytePS's compressor class), parsed here once."""
     if isinstance(compression, str):
         name = {"none": "fp32"}.get(compression.lower(), compression.lower())
     else:
@@ -30,9 +34,7 @@ def _codec_name(compression) -> str:
         if name is None:
             raise UserError(f"compression={compression!r} is not a codec hetrain knows; use hetrain.Compression.none, "
                             ".fp16, .int8, .int4 or .auto (or Horovod's/BytePS's Compression.none / .fp16)")
-    from ..comm.compress import CODECS
-
-    if name not in CODECS + ("auto",):
+    if name not in tuple(CodecChoice):
         raise UserError(f"compression={compression!r}: unknown codec {name!r}; choose one of "
-                        f"{', '.join(CODECS + ('auto',))}")
-    return name
+                        f"{', '.join(CodecChoice)}")
+    return CodecChoice(name)

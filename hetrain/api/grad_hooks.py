@@ -33,17 +33,23 @@ class GradHooks:
 
     def _grad_ready(self, i: int, param: torch.Tensor) -> None:
         """Backward produced parameter i's gradient: start pushing it now (after the
-        last of `backward_passes_per_step` backward passes)."""
+        last of `backward_passes_per_step` backward passes). Once this optimizer's
+        exchange is in flight a gradient enters the engine once (`PushPull.take`)."""
         if not self._armed:
             return
-        if self.engine.in_flight and not self.engine.owned_by(self):
+        eng = self.engine
+        if self.backward_passes_per_step == 1 and self._predivide == 1.0 and not param.grad.is_sparse:
+            taken = eng.take(i, param.grad, self)  # counted in (at its home, or staged) and posted
+            if taken:
+                self._passes[i] = 1
+                return
+            if taken is False:  # a second gradient this step: the count below says so
+                self._passes[i] = 1
+        if eng.in_flight and not eng.owned_by(self):
             # another optimizer's exchange (or a push_pull) holds the engine during this
             # backward: this optimizer exchanges at its step(), after that one completes
             self._armed = False
             return
-        if self.backward_passes_per_step == 1 and self._predivide == 1.0 and self.engine.arrived(i, param.grad):
-            self._passes[i] = 1
-            return  # backward accumulated into the gradient's bucket: counted in, launched when complete
         self._passes[i] += 1
         if self._passes[i] > self.backward_passes_per_step:
             raise UserError(f"parameter {self._named[i][0]!r} got {self._passes[i]} gradients in one step but "
@@ -51,14 +57,12 @@ class GradHooks:
                             f"{self.backward_passes_per_step} backward passes, or raise backward_passes_per_step")
         if self._passes[i] < self.backward_passes_per_step:
             return  # accumulate locally; the exchange happens on the last pass
-        if not self.engine.in_flight:
-            if not self._announce() or not self.engine.begin(self._named, weight=self._batch_size,
-                                                             average=self._average, overlapped=True,
-                                                             total=self._total, owner=self):
+        if not eng.in_flight:
+            if not self._announce() or not eng.begin(self._named, weight=self._batch_size, average=self._average,
+                                                     overlapped=True, total=self._total, owner=self):
                 self._armed = False
                 return
-        if self.engine.is_ready(i):
+        if eng.take(i, self._outgoing(param), self) is False:
             raise UserError(f"parameter {self._named[i][0]!r} got a second gradient in one step: overlap pushes each "
                             "gradient as soon as backward produces it; to accumulate gradients over several "
                             "backwards pass backward_passes_per_step=N (or drop --overlap)")
-        self.engine.ready(i, self._outgoing(param))

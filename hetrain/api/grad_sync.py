@@ -48,8 +48,8 @@ class GradientSync:
         """Exchange the gradients now (Horovod's `synchronize`), e.g. to clip them before
         `with opt.skip_synchronize(): opt.step()`. step() does it unless it already happened
         this step."""
-        if self.sync != "sync":
-            raise UserError(f"synchronize() exchanges gradients synchronously but this job runs sync={self.sync!r}, "
+        if not self.sync.synchronous:
+            raise UserError(f"synchronize() exchanges gradients synchronously but this job runs sync='{self.sync}', "
                             "where step() pushes them to the parameter servers")
         if self.op == ReduceOp.ADASUM:
             raise UserError("synchronize() with op=hetrain.Adasum: the Adasum optimizer combines the workers' "
@@ -68,8 +68,8 @@ class GradientSync:
                 p.grad = torch.zeros_like(p)
         self._armed = False
         if self.engine.owned_by(self):  # overlap: most partitions are already on their way
-            named = [(n, p.grad if self.engine.is_ready(i) else self._outgoing(p))
-                     for i, (n, p) in enumerate(self._named)]
+            handed = self.engine.handed_over()
+            named = [(n, p.grad if handed[i] else self._outgoing(p)) for i, (n, p) in enumerate(self._named)]
             self.engine.finish([t for _, t in named])
         else:
             named = [(n, self._outgoing(p)) for n, p in self._named]

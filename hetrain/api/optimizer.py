@@ -12,6 +12,7 @@ import torch
 
 from ..comm.layout import check_tensors
 from ..errors import UserError
+from ..modes import CodecChoice, Sync
 from . import uneven as _join
 from .amp import scaled_step
 from .basics import engine
@@ -140,12 +141,12 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         self._out = False  # this worker sits this step's exchange out (set_exchange)
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
             check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
-        self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else "sync"
+        self.sync = self.engine.ctx.comm.sync if self.engine.ctx.distributed else Sync.SYNC
         self.compression = self._check_compression(compression)
         self._async = None  # AsyncClient, made at the first step (after any checkpoint load)
         if overlap is None:  # the job's --overlap; all-reduce jobs overlap by default, as DDP does
-            overlap = self.engine.ctx.comm.overlap or self.engine.ctx.comm.mode == "allreduce"
-        self.overlap = bool(overlap) and self.sync == "sync" and self.op != ReduceOp.ADASUM
+            overlap = self.engine.ctx.comm.overlap or not self.engine.ctx.comm.has_servers
+        self.overlap = bool(overlap) and self.sync.synchronous and self.op != ReduceOp.ADASUM
         self._armed = False
         self._synced = False  # gradients of this step already exchanged (synchronize())
         self._skip = False
@@ -154,7 +155,7 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         self._covers: tuple[int, bool] | None = None  # see _covers_all_params
         self._hooks = self._register_hooks() if self.overlap else []
 
-    def _check_compression(self, compression) -> str:
+    def _check_compression(self, compression) -> CodecChoice:
         """The job's codec, after checking that `compression` asks for that one (the
         summation servers decode with the job's codec, so a different one per optimizer
         cannot be honoured)."""
@@ -166,11 +167,11 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         if not ctx.distributed:  # one process: nothing crosses a wire
             return name
         if name != job:
-            what = ("" if name == "fp32" else
-                    " (codecs need summation servers: --mode byteps, ps or colocated)" if ctx.comm.mode == "allreduce"
+            what = ("" if not name.coded else
+                    " (codecs need summation servers: --mode byteps, ps or colocated)" if not ctx.comm.has_servers
                     else "")
-            raise UserError(f"DistributedOptimizer(compression={compression!r}) asks for codec {name!r} but this job "
-                            f"runs codec {job!r}: codecs are a job setting, since the summation servers decode with "
+            raise UserError(f"DistributedOptimizer(compression={compression!r}) asks for codec '{name}' but this job "
+                            f"runs codec '{job}': codecs are a job setting, since the summation servers decode with "
                             f"them; launch with `hetrain launch --codec {name}`{what}, or drop compression=")
         return name
 
@@ -231,7 +232,7 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         when they and the optimizer state are first broadcast to it from a worker that
         kept training). Sync jobs with op Average or Sum; otherwise every worker exchanges.
         `step=False`: no step follows (the end of training: every worker is brought up to date)."""
-        can = self.sync == "sync" and self.op != ReduceOp.ADASUM
+        can = self.sync.synchronous and self.op != ReduceOp.ADASUM
         eng = self._members.switch(workers if can else None, self.engine.in_flight, self._named, self._inner, step)
         self._out = eng is None
         self.engine = self._members.job if eng is None else eng
@@ -247,7 +248,7 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
             return loss
         if grad_scaler is not None:
             return scaled_step(self, grad_scaler, closure)
-        if self.sync != "sync":  # async / bounded staleness: the servers run SGD on the pushes
+        if not self.sync.synchronous:  # async / bounded staleness: the servers run SGD on the pushes
             from ..comm.async_ps import AsyncClient
 
             loss = closure() if closure is not None else None
@@ -289,7 +290,7 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
             return
         if not self.engine.in_flight:
             self.engine.mark_step_start()
-        homes = ({} if self.sync != "sync" or self.op == ReduceOp.ADASUM or self.engine.in_flight
+        homes = ({} if not self.sync.synchronous or self.op == ReduceOp.ADASUM or self.engine.in_flight
                  else self.engine.grad_homes(self._named))
         if not self._all_at_home(homes):
             self._inner.zero_grad(set_to_none=set_to_none)

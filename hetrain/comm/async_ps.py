@@ -44,7 +44,7 @@ CTRL_LEN = 7
 
 def bound_of(ctx: Context) -> float:
     """The staleness bound s of the job (inf for fully asynchronous)."""
-    return math.inf if ctx.comm.sync == "async" else float(ctx.comm.staleness)
+    return ctx.comm.bound
 
 
 def parts_of(ctx: Context, numel: int) -> list[Partition]:

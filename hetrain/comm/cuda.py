@@ -131,6 +131,8 @@ def _pinned_views(st, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
 class _CudaStaging(Staging):
     """Shared: the user's tensors as flat device views, copy-out events polled in order."""
 
+    polled = True  # a partition's copy completes on its stream after `fill` returned
+
     def __init__(self, layout: FlatLayout, cuda: Cuda):
         super().__init__(layout)
         self.cuda = cuda

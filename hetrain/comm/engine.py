@@ -45,7 +45,8 @@ __all__ = ["CommStats", "ExchangeOwner", "PushPull", "_LazyScale"]
 
 class PushPull(LayoutKeeper):
     """One engine per group of workers (the job's, or a subgroup's): `push_pull`, or
-    `begin` / `ready` / `arrived` / `finish` for an exchange overlapped with backward.
+    `begin` / `take` (or `ready`, for ranges) / `finish` for an exchange overlapped with
+    backward.
     One exchange is in flight at a time; its owner completes it when another needs the
     engine. The agreed layout and its stagings are kept by `LayoutKeeper`."""
 
@@ -86,8 +87,7 @@ class PushPull(LayoutKeeper):
         if self.ctx.comm.overlap:  # same order as backward, which the servers expect
             order = reversed(order)
         for i in order:
-            if not self.arrived(i, named[i][1]):
-                self.ready(i, named[i][1])
+            self.take(i, named[i][1])
         self.finish([t for _, t in named])
 
     def begin(self, named: list[tuple[str, torch.Tensor]], weight: int = 1, average: bool = True,
@@ -133,8 +133,8 @@ class PushPull(LayoutKeeper):
         if weight < 0 or int(weight) != weight:
             raise UserError(f"push_pull weight must be a non-negative integer batch size, got {weight!r}")
         ctx = self.ctx
-        if ctx.distributed and ctx.comm.sync != "sync" and self.group is None:
-            raise UserError(f"push_pull is synchronous but this job runs sync={ctx.comm.sync!r}; use "
+        if ctx.distributed and not ctx.comm.synchronous and self.group is None:
+            raise UserError(f"push_pull is synchronous but this job runs sync='{ctx.comm.sync}'; use "
                             "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
         device, manifest, digest = self._described(named)
         t0 = time.perf_counter()
@@ -152,7 +152,7 @@ class PushPull(LayoutKeeper):
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
                            control=w.control, manifest=manifest, weight=weight, average=average, total=w.total,
-                           owner=owner, header=w.header)
+                           owner=owner, header=w.header, polls=self.transport.polls or staging.polled)
         return True
 
     def owned_by(self, owner: object) -> bool:
@@ -172,6 +172,39 @@ class PushPull(LayoutKeeper):
         if self._step is st:  # pragma: no cover - an owner's complete_exchange always finishes it
             raise RuntimeError("the owner of the exchange in flight did not complete it")
 
+    def take(self, index: int, tensor: torch.Tensor, owner: ExchangeOwner | None = None) -> bool | None:
+        """Tensor `index` of `owner`'s push_pull in flight is final (a gradient hook, or
+        push_pull's own loop): count it in where it is its gradient home (`grad_homes`),
+        else stage it whole, and post every partition it completes. The one call per
+        gradient: the staging records it, and the transport is driven only when a
+        partition is complete (or where it has asynchronous work to poll: `_Step.polls`).
+        Never blocks. None: no push_pull of `owner` is in flight (nothing done); False:
+        tensor `index` was handed over already this step."""
+        st = self._step
+        if st is None or st.owner is not owner:
+            return None
+        if st.done[index]:
+            return False
+        if st.covered[index]:
+            raise UserError(f"push_pull: tensor {index} was handed over in ranges; hand over the rest of it with "
+                            "ready(index, tensor, lo, hi)")
+        staging = st.staging
+        pids = staging.arrived(index, tensor) if staging.keeps_homes else None
+        if pids is None:
+            pids = staging.fill(index, tensor, 0, tensor.numel())
+        st.done[index] = True
+        st.covered[index] = tensor.numel()
+        if pids:
+            self.transport.filled(pids)
+        if pids or st.polls:
+            self.transport.progress()
+        return True
+
+    def handed_over(self) -> list[bool]:
+        """Per tensor of the push_pull in flight, whether it was handed over already (all
+        False where none is in flight): one call per step, not one per tensor."""
+        return list(self._step.done) if self._step is not None else []
+
     def ready(self, index: int, tensor: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
         """Elements [lo, hi) (default: all) of tensor `index` of the current push_pull are
         final: stage them and post every partition they complete (overlap: called from a
@@ -189,28 +222,10 @@ class PushPull(LayoutKeeper):
         st.covered[index] += hi - lo
         st.done[index] = st.covered[index] >= n
         pids = st.staging.fill(index, tensor, lo, hi)
-        self.transport.filled(pids)
-        self.transport.progress()
-
-    def arrived(self, index: int, tensor: torch.Tensor) -> bool:
-        """Tensor `index` of the push_pull in flight is final and `tensor` is its gradient
-        home (`grad_homes`): count it in without staging it. The path of a gradient hook
-        that found backward accumulating into the bucket; a bucket it completes is
-        launched at once. False when it cannot be taken this way (no push_pull in flight,
-        handed over already, or not this layout's home): use `ready`, which says what is
-        wrong or stages the tensor."""
-        st = self._step
-        if st is None or st.done[index]:
-            return False
-        pids = st.staging.arrived(index, tensor)
-        if pids is None:
-            return False
-        st.done[index] = True
-        st.covered[index] = tensor.numel()
-        if pids:  # host buckets become ready only here: nothing to poll otherwise
+        if pids:
             self.transport.filled(pids)
+        if pids or st.polls:
             self.transport.progress()
-        return True
 
     def finish(self, tensors: list[torch.Tensor]) -> None:
         """Send what is left, wait for every sum and write the results into `tensors`."""
@@ -227,7 +242,7 @@ class PushPull(LayoutKeeper):
                     if st.covered[i]:
                         raise UserError(f"push_pull: only {st.covered[i]} of {t.numel()} elements of tensor {i} "
                                         "were handed over before finish()")
-                    self.ready(i, t)
+                    self.take(i, t, st.owner)
             if st.control is not None:
                 st.total = self.protocol.answers(st.control, st.manifest, st.weight)
             st.staging.resolve()  # all-reduce: the step header is checked even with no bucket
@@ -292,7 +307,7 @@ class PushPull(LayoutKeeper):
         ctx = self.ctx
         if self.local or self.group is not None or not ctx.topology.servers or ctx.failed:
             return
-        if ctx.comm.sync != "sync":
+        if not ctx.comm.synchronous:
             from .async_ps import send_stop
 
             send_stop(ctx)

@@ -201,7 +201,7 @@ class SummationServer:
 
 def main() -> int:
     ctx = init()
-    if ctx.comm.sync != "sync":  # async / bounded staleness: servers hold and update the parameters
+    if not ctx.comm.synchronous:  # async / bounded staleness: servers hold and update the parameters
         from .async_ps import ParameterServer
 
         ps = ParameterServer(ctx)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..modes import Codec as CodecName
 from .compress import Codec, ErrorFeedback, codec_for, get, parse_rules
 from .layout import Manifest
 from .partition import Partition
@@ -33,21 +34,22 @@ class WirePart:
     offset: int  # byte offset in the job's payload buffer
 
 
-def tensor_codecs(manifest: Manifest, default: str, rules, bandwidth: float) -> list[str]:
+def tensor_codecs(manifest: Manifest, default: str, rules, bandwidth: float) -> list[CodecName]:
     parsed = parse_rules(rules)
     return [codec_for(e.name, e.numel, default, parsed, bandwidth) for e in manifest.entries]
 
 
-def wire_codecs(manifest: Manifest, comm, cluster) -> list[str]:
+def wire_codecs(manifest: Manifest, comm, cluster) -> list[CodecName]:
     """Each tensor's codec, the same on every rank (config and cluster are shared); `auto`
     reads the slowest NIC of the cluster."""
     bw = min(m.bandwidth for m in cluster.machines) if cluster is not None else float("inf")
     return tensor_codecs(manifest, comm.codec, comm.codec_rules, bw)
 
 
-def wire_plan(parts: list[Partition], manifest: Manifest, codecs: list[str]) -> list[WirePart] | None:
+def wire_plan(parts: list[Partition], manifest: Manifest, codecs: list[CodecName | str]) -> list[WirePart] | None:
     """Segments and payload sizes per partition; None when everything travels as fp32."""
-    if all(c == "fp32" for c in codecs):
+    codecs = [get(c) for c in codecs]  # the words of the job's config, parsed once per layout
+    if not any(c.lossy for c in codecs):
         return None
     bounds = [0]
     for e in manifest.entries:
@@ -61,7 +63,7 @@ def wire_plan(parts: list[Partition], manifest: Manifest, codecs: list[str]) -> 
             while bounds[i + 1] <= pos:  # skip empty tensors
                 i += 1
             stop = min(end, bounds[i + 1])
-            codec = get(codecs[i])
+            codec = codecs[i]
             segs.append(Segment(pos, stop - pos, codec, nbytes))
             nbytes += codec.nbytes(stop - pos)
             pos = stop

@@ -44,15 +44,14 @@ from typing import Literal
 import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
+from ..modes import PRICED_MODES, Codec, Mode  # the exchange's vocabulary, dependency-free too
 from .comm import byteps_shares, ring_allreduce_time
 from .exchangeset import fastest_sets
 from .steptime import predicted_times, solve_shares
 
-CommMode = Literal["allreduce", "byteps", "ps"]
 SharePolicy = Literal["equal", "balanced"]
-Codec = Literal["fp32", "fp16", "int8", "int4"]
-CODEC_RATIO: dict[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int4": 0.125}
-COMM_MODES: tuple[str, ...] = ("allreduce", "byteps", "ps")
+CODEC_RATIO: dict[Codec, float] = {c: c.ratio for c in Codec}  # fp32 1, fp16 1/2, int8 1/4, int4 1/8
+COMM_MODES: tuple[Mode, ...] = PRICED_MODES
 # the runtime's default all-reduce buckets (PyTorch DDP's first_bucket_bytes_cap and
 # bucket_cap_mb, comm/buckets.py DDP_CAPS; perf stays free of comm)
 FIRST_BUCKET_BYTES = 2**20
@@ -128,10 +127,14 @@ class Fitted:
 
 @dataclass(frozen=True)
 class Candidate:
-    mode: CommMode = "allreduce"
+    mode: Mode = Mode.ALLREDUCE
     shares: SharePolicy = "balanced"
     overlap: bool = False
-    codec: Codec = "fp32"
+    codec: Codec = Codec.FP32
+
+    def __post_init__(self) -> None:  # the words of a plan file or a bench, parsed once
+        object.__setattr__(self, "mode", Mode.parse(self.mode, COMM_MODES))
+        object.__setattr__(self, "codec", Codec.parse(self.codec))
 
     def label(self) -> str:
         return f"{self.mode}/{self.shares}/{'overlap' if self.overlap else 'no-overlap'}/{self.codec}"
@@ -168,24 +171,22 @@ class Prediction:
         return self.dollars_per_hour / (self.samples_per_s * 3600.0) * 1e6
 
 
-def _phases(mode: str, nbytes: float, n: int, wbw: np.ndarray, cbw: np.ndarray):
+def _phases(mode: Mode, nbytes: float, n: int, wbw: np.ndarray, cbw: np.ndarray):
     """Bytes each machine sends (up) and receives (down) in the push and the pull phase,
     workers first then CPU machines: ((push_up, push_down), (pull_up, pull_down))."""
     k = len(cbw)
-    if mode == "byteps":
+    if mode.worker_servers:  # byteps
         m, c = (f * nbytes for f in byteps_shares(wbw, cbw))
-    elif mode == "ps":
+    else:  # ps
         if k == 0:
             raise UserError("a parameter server needs CPU machines")
         m, c = np.zeros(n), np.full(k, nbytes / k)
-    else:
-        raise UserError(f"unknown server mode {mode!r}")
     push_up = np.concatenate([nbytes - m, np.zeros(k)])
     push_down = np.concatenate([(n - 1) * m, n * c])
     return (push_up, push_down), (push_down, push_up)  # a pull mirrors its push
 
 
-def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray, duplex: bool = True,
+def comm_time(mode: Mode | str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray, duplex: bool = True,
               partitions: int = 1) -> float:
     """Seconds to sum `nbytes` of gradient over the workers in `mode` (nominal rates).
 
@@ -195,13 +196,12 @@ def comm_time(mode: str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarra
     runs from push + pull (one partition) down to the NIC's total bytes over its rate
     (many; the BytePS paper's t_opt). `duplex`: both directions of a NIC are limited (real
     links, tc in network namespaces); False: only uploads are (the in-process limiter)."""
+    mode = Mode.parse(mode, COMM_MODES)
     n = len(worker_bw)
     if n <= 1:
         return 0.0
-    if mode == "allreduce":
+    if not mode.has_servers:
         return ring_allreduce_time(nbytes, n, float(np.min(worker_bw)))
-    if mode not in ("byteps", "ps"):
-        raise UserError(f"unknown communication mode {mode!r}; choose one of {COMM_MODES}")
     bw = np.concatenate([worker_bw, cpu_bw])
     (pu, pd), (qu, qd) = _phases(mode, nbytes, n, worker_bw, cpu_bw)
 
@@ -225,12 +225,12 @@ def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.nda
     raise UserError(f"unknown share policy {policy!r}; choose one of {SHARE_POLICIES}")
 
 
-def memory_per_worker(model: JobModel, codec: str, shares: np.ndarray) -> np.ndarray:
-    residual = model.grad_bytes if codec != "fp32" else 0.0  # error feedback keeps an fp32 residual
+def memory_per_worker(model: JobModel, codec: Codec, shares: np.ndarray) -> np.ndarray:
+    residual = model.grad_bytes if codec.lossy else 0.0  # error feedback keeps an fp32 residual
     return model.state_factor * model.grad_bytes + residual + shares * model.act_bytes_per_sample
 
 
-def _sample_caps(model: JobModel, codec: str, cluster: JobCluster, global_batch: int) -> np.ndarray:
+def _sample_caps(model: JobModel, codec: Codec, cluster: JobCluster, global_batch: int) -> np.ndarray:
     fixed = memory_per_worker(model, codec, np.zeros(len(cluster.workers)))
     per = model.act_bytes_per_sample
     mem = np.array([w.memory for w in cluster.workers], dtype=float)
@@ -263,7 +263,7 @@ def _fewer(whole: Prediction, cand: Candidate, model: JobModel, cluster: JobClus
         idx = np.flatnonzero(mask)
         sub = replace(cluster, workers=tuple(workers[i] for i in idx))
         # the runtime's subgroup engine all-reduces from backward's hooks; one worker alone moves nothing
-        sub_cand = replace(cand, mode="allreduce", codec="fp32", overlap=len(idx) > 1)
+        sub_cand = replace(cand, mode=Mode.ALLREDUCE, codec=Codec.FP32, overlap=len(idx) > 1)
         p = _predict_set(sub_cand, model, sub, global_batch, fitted)
         if not p.fits or p.step_s >= best.step_s:
             continue
@@ -301,17 +301,17 @@ def _predict_set(cand: Candidate, model: JobModel, cluster: JobCluster, global_b
         why.append("does not fit: model state exceeds a device's memory")
     compute = np.where(shares > 0, predicted_times(shares, [w.fixed_s for w in cluster.workers],
                                                    [w.per_sample_s for w in cluster.workers]), 0.0)
-    nbytes = model.grad_bytes * CODEC_RATIO[cand.codec]
+    nbytes = model.grad_bytes * cand.codec.ratio
     pieces = int(np.ceil(nbytes / cluster.partition_bytes))
-    tail = 0.0 if cand.mode == "allreduce" and cluster.paced_before_send else 1.0
+    tail = 0.0 if not cand.mode.has_servers and cluster.paced_before_send else 1.0
     parts = {"compute": float(compute.max()), "window": cluster.overlap_window, "tail": tail,
-             "buckets": allreduce_buckets(model) if cand.mode == "allreduce" else 0,
+             "buckets": allreduce_buckets(model) if not cand.mode.has_servers else 0,
              "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
              "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
     step, exposed = step_time(parts, cand, fitted)
     slowest = parts["compute"]
     price = sum(w.price_per_hour for w in cluster.workers)
-    if cand.mode in ("byteps", "ps"):
+    if cand.mode.cpu_servers:
         price += sum(cluster.cpu_price_per_hour)
     why.append(f"compute {slowest * 1e3:.1f} ms (slowest worker), exchange {exposed * 1e3:.1f} ms"
                + (" after overlap" if cand.overlap else ""))
@@ -345,9 +345,9 @@ def codec_work(cand: Candidate, model: JobModel, wbw: np.ndarray, cbw: np.ndarra
     (encode, then decode the sum), then the busiest server's share, which it decodes from
     each of the n workers and encodes once: about (n+1)/2 encode+decode passes."""
     n = len(wbw)
-    if cand.codec == "fp32" or n <= 1 or cand.mode == "allreduce":
+    if not cand.codec.lossy or n <= 1 or not cand.mode.has_servers:
         return 0.0
-    if cand.mode == "ps":
+    if not cand.mode.worker_servers:  # ps
         server = model.grad_bytes / len(cbw)
     else:
         gpu, cpu = byteps_shares(wbw, cbw)
@@ -369,9 +369,11 @@ def candidates(cluster: JobCluster, codecs=tuple(CODEC_RATIO), modes=COMM_MODES,
     """Every candidate the runtime can run on the cluster: BytePS and PS need CPU machines;
     codecs need summation servers to decode (all-reduce sums fp32 only); all-reduce always
     overlaps (the runtime all-reduces each bucket from backward's hooks, as DDP does)."""
-    usable = [m for m in modes if m == "allreduce" or cluster.cpu_bandwidth]
+    modes = [Mode.parse(m, COMM_MODES) for m in modes]
+    codecs = [Codec.parse(c) for c in codecs]
+    usable = [m for m in modes if not m.cpu_servers or cluster.cpu_bandwidth]
     return [Candidate(m, s, o, c) for m in usable for s in policies for o in overlaps for c in codecs
-            if m != "allreduce" or (c == "fp32" and o)]
+            if m.has_servers or (not c.lossy and o)]
 
 
 def rank(preds: list[Prediction], target: float | None = None, budget: float | None = None) -> list[Prediction]:
@@ -379,7 +381,7 @@ def rank(preds: list[Prediction], target: float | None = None, budget: float | N
     reach it, cheapest per sample first; with a `budget` ($/hour), the ones within it,
     fastest first; without either, fastest first. Ties: fewer bytes, simpler knobs."""
     def key(p: Prediction):
-        simple = (p.candidate.overlap, CODEC_RATIO[p.candidate.codec] != 1.0, p.candidate.shares != "equal")
+        simple = (p.candidate.overlap, p.candidate.codec.lossy, p.candidate.shares != "equal")
         if target is not None:
             ok = p.samples_per_s >= target
             return (not p.fits, not ok, p.dollars_per_million if ok else -p.samples_per_s, simple)
@@ -419,9 +421,9 @@ def fit(observations: list[tuple[Prediction, float]], base: Fitted = Fitted()) -
 
 def _fit_overhead(observations: list[tuple[Prediction, float]], base: Fitted) -> Fitted:
     """Step 1 of `fit`: overhead (and, with two or more plain runs, efficiency)."""
-    plain = [(p, m) for p, m in observations if not p.ran.overlap and p.ran.codec == "fp32"]
+    plain = [(p, m) for p, m in observations if not p.ran.overlap and not p.ran.codec.lossy]
     if not plain:
-        lapped = [(p, m) for p, m in observations if p.ran.overlap and p.ran.codec == "fp32"]
+        lapped = [(p, m) for p, m in observations if p.ran.overlap and not p.ran.codec.lossy]
         if not lapped:
             raise UserError("fitting the cost model needs at least one measured run without a codec")
         zero = replace(base, overhead_s=0.0, overlap_s=0.0)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
+from ..modes import Codec, Mode
 from ..perf.job import COMM_MODES, Candidate, Fitted, JobCluster, JobModel, JobWorker, fit, predict
 from ..perf.stepfit import StepTimeModel
 from .job import DEFAULT_FITTED, job_cluster
@@ -54,12 +55,15 @@ def fitted_from_run(run_dir: str | Path, cluster: ClusterSpec,
     """The cost model fitted on a profiling round run in fp32 without overlap (its mode and
     share policy are read from its summary): (model, cluster, fitted constants, global batch)."""
     rows, summary = _read(Path(run_dir))
-    mode = {"colocated": "byteps"}.get(summary.get("mode", ""), summary.get("mode", ""))
+    try:  # the summary's words, parsed here once; co-located servers are priced as BytePS
+        mode = Mode.parse(summary.get("mode", "")).priced
+    except UserError:
+        mode = None
     if mode not in COMM_MODES:
         raise UserError(f"{run_dir}/summary.json: mode {summary.get('mode')!r} cannot be profiled for planning")
     # all-reduce always overlaps (buckets from backward's hooks); the server modes ran without
-    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", mode == "allreduce",
-                         "fp32")
+    profiled = Candidate(mode, "equal" if summary.get("balance") == "equal" else "balanced", not mode.has_servers,
+                         Codec.FP32)
     facts = summary.get("model")
     if not facts:
         raise UserError(f"{run_dir}/summary.json has no `model` facts: the script does not record them "

@@ -23,13 +23,14 @@ from pydantic import Field
 from ..cluster.spec import ClusterSpec, parse_cluster
 from ..errors import UserError
 from ..fileio import Strict, read_structured, validate_file
+from ..modes import Codec
 from ..perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, Prediction, candidates,
                         predict, rank)
 
 DEMO = "digits"  # the demo's model (hetrain.demo.digits): not a layer chain, described by its parameters
 # encode + decode seconds per fp32 byte of each codec, one core of the development host
 # (comm.compress on a 1M-element gradient: fp16 0.20 ns, int8 3.2 ns, int4 6.1 ns per byte)
-CODEC_COST = {"fp32": 0.0, "fp16": 0.2e-9, "int8": 3.2e-9, "int4": 6.1e-9}
+CODEC_COST = {Codec.FP32: 0.0, Codec.FP16: 0.2e-9, Codec.INT8: 3.2e-9, Codec.INT4: 6.1e-9}
 DEFAULT_FITTED = Fitted(codec_s_per_byte=CODEC_COST)
 
 

@@ -6,7 +6,8 @@ from typing import get_args
 
 from ..cluster.spec import load_cluster
 from ..errors import UserError
-from .env import CommConfig, GlooThread
+from ..modes import Sync
+from .env import CODEC_CHOICES, CommConfig, GlooThread
 from .topology import MODES
 
 
@@ -22,13 +23,13 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is declared lost")
     p.add_argument("--max-lanes", type=int, default=1,
                    help="parallel connections per summation server, proportional to its byte share (default 1)")
-    p.add_argument("--codec", default="fp32", choices=["fp32", "fp16", "int8", "int4", "auto"],
+    p.add_argument("--codec", default="fp32", choices=CODEC_CHOICES,
                    help="gradient compression with error feedback (auto: by link bandwidth and tensor size)")
     p.add_argument("--codec-rule", action="append", default=[], metavar="GLOB=CODEC",
                    help="per-tensor codec, e.g. '*.bias=fp32' (repeatable, first match wins)")
     p.add_argument("--overlap", action="store_true",
                    help="push each layer's gradient while backward continues (DistributedOptimizer)")
-    p.add_argument("--sync", choices=["sync", "async", "stale"], default="sync",
+    p.add_argument("--sync", choices=[s.value for s in Sync], default="sync",
                    help="training mode: synchronous (default), asynchronous, or bounded staleness (--staleness)")
     p.add_argument("--staleness", type=int, default=0,
                    help="with --sync stale: the fastest worker runs at most this many steps ahead of the slowest")

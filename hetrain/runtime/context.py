@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..cluster.spec import ClusterSpec
 from ..errors import UserError
+from ..modes import Mode
 from .auth import admit, load_secret
 from .commthreads import configure
 from .devices import Backends, bind, nccl_environment, nccl_group_options, plan_backends
@@ -75,7 +76,7 @@ class Context:
 
     @property
     def comm(self) -> CommConfig:
-        return self.env.comm if self.env else CommConfig(mode="allreduce")
+        return self.env.comm if self.env else CommConfig(mode=Mode.ALLREDUCE)
 
     @property
     def num_workers(self) -> int:
@@ -257,7 +258,7 @@ def init() -> Context:
     pinned = (bool(me.machine.threads) and hasattr(os, "sched_getaffinity")  # runtime/cores.py pinned it
               and len(os.sched_getaffinity(0)) == me.machine.threads)
     configure(env.comm.gloo_thread, on_host=device.type == "cpu", own_cores=me.role == "worker" and pinned,
-              all_reduce=env.comm.mode == "allreduce")
+              all_reduce=not env.comm.has_servers)
     if env.origin == "hetrain":
         store.set(f"hetrain/joined/{env.rank}", "1")  # the launcher: this rank is past the rendezvous
     from ..cluster.ratelimit import bucket_for

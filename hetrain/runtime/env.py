@@ -12,9 +12,9 @@ workers), so `torch.cuda.set_device(LOCAL_RANK)` agrees with hetrain's binding. 
 launcher sets the rest of torchrun's agent variables too (`torchrun.agent_environ`).
 
 The job's communication settings (`CommConfig`) are validated here, at launch, so a bad
-flag fails before any process starts. The codec vocabulary lives here too (not in the
-comm package) because validating `--codec` and `--codec-rule` is part of that contract
-and the runtime never imports the engine.
+flag fails before any process starts. Their words (mode, sync, codec) are the enums of
+hetrain/modes.py; the facts the rest of the job acts on (`has_servers`, `synchronous`,
+`coded`, `bound`) are decided here, once, on the parsed settings.
 """
 from __future__ import annotations
 
@@ -22,24 +22,22 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from ..errors import UserError
+from ..modes import Codec, CodecChoice, Mode, Sync
 
 PREFIX = "HETRAIN_"
 PLAN_ENV = "HETRAIN_PLAN"  # set by `hetrain launch --plan/--auto`: the plan file the job runs
 PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profiling round: stop after N steps
 
-Mode = Literal["byteps", "ps", "colocated", "allreduce"]
-CodecName = Literal["fp32", "fp16", "int8", "int4"]
-CodecChoice = Literal["fp32", "fp16", "int8", "int4", "auto"]
-Sync = Literal["sync", "async", "stale"]
 Collective = Literal["auto", "gloo", "nccl"]
 Buckets = Literal["tuned", "ddp"]
 GlooThread = Literal["auto", "idle", "normal"]
-CODECS: tuple[str, ...] = get_args(CodecName)
+CODECS: tuple[str, ...] = tuple(c.value for c in Codec)
+CODEC_CHOICES: tuple[str, ...] = tuple(c.value for c in CodecChoice)
 
 # the command-line flag behind each field, so every error names what the user typed
 FLAGS = {"mode": "--mode", "partition_bytes": "--partition-bytes", "credit_bytes": "--credit-bytes",
@@ -50,15 +48,15 @@ _WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode"
          "buckets": "bucket policy", "gloo_thread": "gloo thread policy"}
 
 
-def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, CodecChoice]]:
     """`NAME_GLOB=CODEC` rules, e.g. `*.bias=fp32`; the first match wins."""
     out = []
     for r in rules:
         pattern, sep, codec = r.partition("=")
-        if not sep or not pattern or codec not in CODECS + ("auto",):
+        if not sep or not pattern or codec not in CODEC_CHOICES:
             raise UserError(f"codec rule {r!r} must look like NAME_GLOB=CODEC with CODEC one of "
-                            f"{', '.join(CODECS + ('auto',))} (e.g. '*.bias=fp32')")
-        out.append((pattern, codec))
+                            f"{', '.join(CODEC_CHOICES)} (e.g. '*.bias=fp32')")
+        out.append((pattern, CodecChoice(codec)))
     return out
 
 
@@ -72,7 +70,7 @@ def _explain(err: ValidationError) -> str:
     for e in err.errors():
         name = str(e["loc"][0]) if e["loc"] else ""
         flag = FLAGS.get(name, name)
-        if e["type"] == "literal_error":
+        if e["type"] in ("literal_error", "enum"):
             options = tuple(o.strip().strip("'") for o in e["ctx"]["expected"].replace(" or ", ", ").split(", "))
             lines.append(f"unknown {_WHAT.get(name, name)} {e['input']!r} ({flag}); choose {_choices(options)}")
         elif e["type"] == "extra_forbidden":
@@ -88,17 +86,17 @@ class CommConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Mode = "byteps"
+    mode: Mode = Mode.BYTEPS
     partition_bytes: int = 4_096_000  # BytePS default
     credit_bytes: int = 0  # bytes in flight per worker over all servers; 0 = a window per server (comm.window)
     timeout_s: float = 60.0  # a lost peer (dead, or silent: no heartbeat) is reported within this time
     # parallel connections per server, ∝ its share; 1 (one per pair) measured as fast or
     # faster on tc-emulated links (bench/results/comm-full.txt, byteps vs byteps-1lane)
     max_lanes: int = 1
-    codec: CodecChoice = "fp32"  # gradient codec (auto: by link bandwidth and tensor size)
+    codec: CodecChoice = CodecChoice.FP32  # gradient codec (auto: by link bandwidth and tensor size)
     codec_rules: tuple[str, ...] = ()  # per-tensor overrides, NAME_GLOB=CODEC, first match wins
     overlap: bool = False  # push each gradient as soon as backward produces it
-    sync: Sync = "sync"  # sync (default), async, or stale (bounded staleness, bound `staleness`)
+    sync: Sync = Sync.SYNC  # sync (default), async, or stale (bounded staleness, bound `staleness`)
     staleness: int = 0  # stale: the fastest worker is at most this many steps ahead of the slowest
     # worker-group collectives: auto = NCCL where every member is a GPU of its own, else gloo
     collective: Collective = "auto"
@@ -127,6 +125,31 @@ class CommConfig(BaseModel):
     def rendezvous_timeout_s(self) -> float:
         """How long processes wait for each other to start (imports on a loaded host)."""
         return max(self.op_timeout_s, 300.0)
+
+    @property
+    def has_servers(self) -> bool:
+        """Summation servers sum the gradients (every mode but all-reduce)."""
+        return self.mode.has_servers
+
+    @property
+    def synchronous(self) -> bool:
+        """Workers average every step's gradients before any update (`--sync sync`)."""
+        return self.sync.synchronous
+
+    @property
+    def coded(self) -> bool:
+        """A gradient may go on the wire in another codec than fp32 (`--codec`, `--codec-rule`)."""
+        return self.codec.coded or bool(self.codec_rules)
+
+    @property
+    def tunes_buckets(self) -> bool:
+        """The job's all-reduce measures larger buckets than DDP's (`--buckets tuned`)."""
+        return self.buckets == "tuned"
+
+    @property
+    def bound(self) -> float:
+        """Steps the fastest worker may run ahead of the slowest (sync 0, async no bound)."""
+        return self.sync.bound(self.staleness)
 
     @field_validator("partition_bytes")
     @classmethod
@@ -174,14 +197,13 @@ class CommConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "CommConfig":
-        coded = self.codec != "fp32" or bool(self.codec_rules)
-        if self.sync != "sync" and self.mode == "allreduce":
+        if not self.synchronous and not self.has_servers:
             raise ValueError(f"--sync {self.sync} needs parameter servers that hold the parameters; "
                              "use --mode ps, byteps or colocated")
-        if self.sync != "sync" and coded:
+        if not self.synchronous and self.coded:
             raise ValueError(f"codecs are available in synchronous training only; drop --codec or use "
                              f"--sync {self.sync} with fp32")
-        if self.mode == "allreduce" and coded:
+        if not self.has_servers and self.coded:
             raise ValueError("gradient codecs need summation servers to decode and add what workers send; "
                              "use --mode byteps, ps or colocated, or --codec fp32 with --mode allreduce")
         return self

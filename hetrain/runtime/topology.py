@@ -14,10 +14,10 @@ import numpy as np
 
 from ..cluster.spec import ClusterSpec, MachineSpec
 from ..errors import UserError
+from ..modes import Mode
 from ..perf.comm import byteps_shares, optimal_split
 
-Mode = Literal["byteps", "ps", "colocated", "allreduce"]
-MODES: tuple[str, ...] = ("byteps", "ps", "colocated", "allreduce")
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)  # the words `--mode` takes
 _MIN_SHARE = 1e-9
 
 
@@ -37,7 +37,7 @@ class Proc:
 
 @dataclass(frozen=True)
 class Topology:
-    mode: str
+    mode: Mode
     procs: tuple[Proc, ...]
 
     @property
@@ -91,31 +91,32 @@ def lanes_for(shares, max_lanes: int = 8) -> list[int]:
     return [int(min(max_lanes, max(1, round(s / smallest)))) if s > 0 else 1 for s in shares]
 
 
-def server_shares(cluster: ClusterSpec, mode: str) -> tuple[np.ndarray, np.ndarray]:
+def server_shares(cluster: ClusterSpec, mode: Mode | str) -> tuple[np.ndarray, np.ndarray]:
     """Fraction of gradient bytes for each co-located and each CPU server.
 
     byteps: the proven-optimal split (closed form for equal NICs, the LP of
     `perf.comm.optimal_split` for uneven ones); ps: CPU servers only; colocated: worker
     machines only (all-reduce-like traffic through servers).
     """
+    mode = Mode.parse(mode)
     wbw = np.array([m.bandwidth for m in cluster.workers])
     cbw = np.array([m.bandwidth for m in cluster.cpu_machines])
     n, k = len(wbw), len(cbw)
-    if mode == "allreduce":
+    if not mode.has_servers:
         return np.zeros(n), np.zeros(k)
-    if mode == "ps":
+    if not mode.worker_servers:  # ps
         if k == 0:
-            raise UserError("mode 'ps' needs at least one cpu machine in the cluster; add one or use mode 'colocated'")
+            raise UserError(f"mode '{mode}' needs at least one cpu machine in the cluster; add one or use mode "
+                            f"'{Mode.COLOCATED}'")
         return np.zeros(n), cbw / cbw.sum()
-    if mode == "colocated":
+    if not mode.cpu_servers:  # colocated
         split = optimal_split(1.0, wbw, np.zeros(0))
         return split.gpu_bytes, np.zeros(k)
-    if mode != "byteps":
-        raise UserError(f"unknown communication mode {mode!r}; choose one of {', '.join(MODES)}")
     return byteps_shares(wbw, cbw)  # the one rule, shared with the cost model (perf/comm.py)
 
 
-def build_topology(cluster: ClusterSpec, mode: str = "byteps") -> Topology:
+def build_topology(cluster: ClusterSpec, mode: Mode | str = Mode.BYTEPS) -> Topology:
+    mode = Mode.parse(mode)
     gpu_shares, cpu_shares = server_shares(cluster, mode)
     procs: list[Proc] = []
     for m in cluster.workers:

@@ -21,6 +21,7 @@ from typing import Literal
 
 from ..cluster.spec import ClusterSpec, default_cluster, parse_cluster
 from ..errors import UserError
+from ..modes import Mode
 
 TORCHRUN_MASTER_PORT = 29500  # torchrun's default --master-port
 TORCHRUN_RDZV_PORT = 29400  # torchrun's default port of a --rdzv-endpoint given without one
@@ -208,10 +209,10 @@ def resolve(flags: TorchrunFlags, cluster: ClusterSpec | None, mode: str | None)
     elif synthesized:
         address = local_address_towards(master_addr) if master_addr else "127.0.0.1"
         cluster = workers_cluster(flags.nnodes or 1, flags.nproc_per_node or 1, address, cuda=flags.cuda)
-        mode = mode or "allreduce"
+        mode = mode or Mode.ALLREDUCE
     else:
         cluster = default_cluster()
-    mode = mode or "byteps"
+    mode = mode or Mode.BYTEPS
     nnodes = cluster.nnodes
     if flags.node_rank is not None and flags.node_rank >= nnodes:
         raise UserError(f"--node-rank {flags.node_rank} is outside 0..{nnodes - 1} (the job has {nnodes} node(s))")
@@ -298,5 +299,5 @@ def from_torchrun_environ(environ: dict[str, str] | None = None):
     cluster = workers_cluster(world // local_world, local_world, address)
     run_id = e.get("TORCHELASTIC_RUN_ID", "none")
     return ProcEnv(rank, world, e["MASTER_ADDR"], port, job_id=run_id, cluster_json=cluster.model_dump_json(),
-                   comm=CommConfig(mode="allreduce"), run_dir=e.get("HETRAIN_RUN_DIR", f"runs/torchrun-{run_id}"),
+                   comm=CommConfig(mode=Mode.ALLREDUCE), run_dir=e.get("HETRAIN_RUN_DIR", f"runs/torchrun-{run_id}"),
                    local_rank=local_rank, local_world_size=local_world, origin="torchrun")

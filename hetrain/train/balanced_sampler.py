@@ -93,7 +93,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                             "no step; lower the global batch or keep the last partial batch")
         # async / bounded staleness: equal shares, no per-step collective (it would put
         # the workers in lock-step)
-        lockstep = ctx is None or not ctx.distributed or ctx.comm.sync == "sync"
+        lockstep = ctx is None or not ctx.distributed or ctx.comm.synchronous
         base = config or BalanceConfig()
         cfg = BalanceConfig(**{**base.__dict__, "policy": balance if lockstep else "equal",
                                "memory_per_sample": memory_per_sample or base.memory_per_sample,
@@ -103,10 +103,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                                "tail": base.tail if tail is None else tail})
         self.claims = None  # the dynamic tail's claims (hetrain.train.tail), when tail > 0 and workers > 1
         if cfg.tail > 0 and lockstep and group.size > 1:
-            mode = ctx.comm.mode if (ctx is not None and ctx.distributed) else "allreduce"
-            if mode != "allreduce":  # summation servers divide by the announced batch sizes, not the step's samples
-                raise UserError(f"tail= needs --mode allreduce (this job runs mode {mode!r}, whose summation servers "
-                                "weight each worker by the batch size it announced before claiming); or set tail=0")
+            if ctx is not None and ctx.distributed and ctx.comm.has_servers:
+                # summation servers divide by the announced batch sizes, not the step's samples
+                raise UserError(f"tail= needs --mode allreduce (this job runs mode '{ctx.comm.mode}', whose "
+                                "summation servers weight each worker by the batch size it announced before "
+                                "claiming); or set tail=0")
             if group.store is None:
                 raise UserError("tail= needs a store the workers share (the job's, under `hetrain launch`); this "
                                 "worker group has none: pass WorkerGroup(store=...) or set tail=0")

@@ -130,7 +130,7 @@ class BalancedLoader:
                 reserved_bytes = pbytes * (2.0 if on_device else 3.0)
                 if self.device.type == "cuda":  # and hetrain's own GPU buffers for push_pull
                     comm = getattr(ctx, "comm", None)
-                    codec = comm is not None and (comm.codec != "fp32" or bool(comm.codec_rules))
+                    codec = comm is not None and comm.coded
                     reserved_bytes += engine_device_bytes(sum(p.numel() for p in params), codec)
         self.batches = BalancedBatchSampler(len(dataset), global_batch, seed=seed, optimizer=optimizer,
                                             device=self.device, drop_last=drop_last, balance=balance, config=config,

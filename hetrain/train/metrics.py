@@ -25,7 +25,7 @@ class StepLogger:
         self.labels = ctx.topology.worker_labels if ctx.topology else ["w0"]
         # async / bounded staleness: no per-step collective (it would put workers in lock-step);
         # rank 0 logs its own row only
-        self.gather = ctx.distributed and ctx.comm.sync == "sync" and len(self.labels) > 1
+        self.gather = ctx.distributed and ctx.comm.synchronous and len(self.labels) > 1
         if ctx.distributed and not self.gather:
             self.labels = [self.labels[self.rank]]
         self.writer = writer

@@ -13,6 +13,10 @@ from ..wire import decode_part, encode_part, payload_bytes
 class Staging:
     direct = False
     on_device = False  # the work buffer lives on the GPU (collectives there: NCCL)
+    keeps_homes = False  # tensors may arrive in their gradient homes (`arrived`; HostInPlace)
+    # partitions become ready after `fill` returns (copies on a stream: comm/cuda.py), so
+    # the transport polls at every tensor handed over; host stagings say so in `fill`
+    polled = False
 
     def __init__(self, layout: FlatLayout):
         self.layout = layout

@@ -12,12 +12,6 @@ from ..wire import decode_part, encode_part, payload_bytes
 from .base import Staging, WorkStaging
 
 
-def _flat_of(t: torch.Tensor) -> torch.Tensor | None:
-    """A 1-D view of t when it has one (contiguous), else None."""
-    t = t.detach()
-    return t.view(-1) if t.is_contiguous() else None
-
-
 class HostDirect(Staging):
     """Host tensors straight to the servers: a partition inside one contiguous tensor is
     sent from that tensor and its result received straight into it (the result can only
@@ -128,7 +122,8 @@ class HostWork(WorkStaging):
         self.targets: dict[int, torch.Tensor | None] = {}
 
     def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        self.targets[i] = _flat_of(t)
+        # where the result goes: a 1-D view of t when it has one (contiguous), else None
+        self.targets[i] = t.detach().view(-1) if t.is_contiguous() else None
         done = self._fill_work(i, t, lo, hi)
         self._ready.extend(done)
         return done

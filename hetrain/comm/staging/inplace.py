@@ -35,6 +35,8 @@ class HostInPlace(Staging):
     every fp32 gradient can have its home there and is summed where backward wrote it.
     The arena goes when the staging does (its layout was replaced)."""
 
+    keeps_homes = True
+
     def __init__(self, layout: FlatLayout, arena=None):
         super().__init__(layout)
         self.arena = arena

@@ -23,6 +23,8 @@ class AllReduceTransport(Transport):
     How a bucket moves (gloo / NCCL, or shared memory among the processes of one host)
     is the `collective` strategy, chosen once (transports/collective.py)."""
 
+    weighs_itself = True  # no servers: each worker scales its own share b_i / Σb
+
     def __init__(self, ctx, group=None):
         super().__init__(ctx)
         self._group = group

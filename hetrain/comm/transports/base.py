@@ -17,6 +17,14 @@ Arrival = Literal["forward", "backward"]  # the order in which a step's pieces a
 
 class Transport:
     direct = False  # staging: from the user's tensors (True) or through a work buffer
+    # progress() has work of its own to poll while tensors are handed over (collectives in
+    # flight that complete asynchronously), not only the partitions a tensor completes
+    polls = False
+    # how a worker's gradients are weighted (comm/worker/step.py `weigh`): it scales its own
+    # share b_i / Σb (an all-reduce among workers), or the servers weight each machine's
+    # push by its batch (the machine's workers add b_l·g_l first: `machine_sum`)
+    weighs_itself = False
+    machine_sum = False
 
     def __init__(self, ctx):
         self.ctx = ctx

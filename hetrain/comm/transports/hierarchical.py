@@ -22,6 +22,9 @@ class HierarchicalTransport(Transport):
     """Several workers on one machine: local reduce -> owner push/pull -> local broadcast,
     per partition, pipelined (see the module docstring)."""
 
+    polls = True  # local reduces and broadcasts in flight complete while tensors are handed over
+    machine_sum = True  # the machine's workers add b_l·g_l; the servers divide by Σb
+
     def __init__(self, ctx):
         super().__init__(ctx)
         self.shares = np.array([p.share for p in ctx.topology.servers])
@@ -71,7 +74,7 @@ class HierarchicalTransport(Transport):
         except RuntimeError as err:
             raise self.ctx.peer_error(what, [r for r in self.local if r != self.ctx.rank], err) from None
 
-    def _step(self, block: bool) -> bool:
+    def _step(self, block: bool = False) -> bool:
         """One pass over the pipeline; returns whether anything moved."""
         moved = False
         st = self.staging
@@ -136,8 +139,8 @@ class HierarchicalTransport(Transport):
         self.delivered += 1
         self.t_last = time.perf_counter()
 
-    def progress(self) -> None:
-        self._step(block=False)
+    # polled at every tensor handed over (`polls`): one call, the pass itself, not a wrapper
+    progress = _step
 
     def finish(self, idle: Callable[[], None] | None = None) -> None:
         total = len(self.layout.parts)

@@ -65,7 +65,7 @@ class LayoutKeeper:
             if caps is not None:
                 tr.caps = caps
             return
-        if isinstance(tr, AllReduceTransport) and self.group is None and self.ctx.comm.buckets == "tuned":
+        if isinstance(tr, AllReduceTransport) and self.group is None and self.ctx.comm.tunes_buckets:
             self._tuner = BucketTuner([e.numel for e in manifest.entries], self._agree_max)
             tr.caps = self._tuner.caps
         else:

@@ -12,7 +12,7 @@ from ...errors import UserError
 from ..layout import Manifest, wide_floats
 from ..protocol import Announcer, ControlExchange
 from ..staging import Staging
-from ..transport import AllReduceTransport, HierarchicalTransport, Transport
+from ..transport import Transport
 
 
 @dataclass
@@ -64,6 +64,9 @@ class _Step:
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
     owner: ExchangeOwner | None = None  # who began it and can complete it (see PushPull.begin)
     header: Callable[[], int] | None = None  # a speculated step's header wait: Σb, read in finish
+    # the transport is driven at every tensor handed over, not only at a completed partition:
+    # its staging or its own collectives finish asynchronously (CUDA copies, local reduces)
+    polls: bool = False
 
 
 class _LazyScale:
@@ -102,7 +105,7 @@ def weigh(transport: Transport, protocol: Announcer, named: list[tuple[str, torc
     of `PushPull.begin`): in all-reduce mode each worker scales its own share b_i / Σb
     (known at once from `total`, speculated, read lazily at the first bucket, or agreed
     now); with summation servers the announcement tells them b_i and they weight it."""
-    if isinstance(transport, AllReduceTransport):  # workers scale their own share
+    if transport.weighs_itself:  # workers scale their own share
         if total is not None and average and digest == protocol.digest:
             if total < 1 or weight > total:
                 raise UserError(f"push_pull total={total} must be >= 1 and >= this worker's weight {weight}")
@@ -119,5 +122,5 @@ def weigh(transport: Transport, protocol: Announcer, named: list[tuple[str, torc
     # the servers weight each machine's push (they learn b_i from the announcement)
     control, agreed_total = protocol.announce(manifest, weight, average)
     # several workers on a machine add b_l·g_l locally; the servers divide by Σb
-    scale = float(weight if average else 1) if isinstance(transport, HierarchicalTransport) else 1.0
+    scale = float(weight if average else 1) if transport.machine_sum else 1.0
     return Weighing(scale, control=control, total=agreed_total)
