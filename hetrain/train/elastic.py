@@ -61,6 +61,19 @@ from .checkpoint import CommitStore, dumps, loads
 __all__ = ["EXIT_RESIZE", "EXIT_STOPPED", "State", "StopAtCommit", "on_stop_request", "run", "load_committed"]
 
 _STOP: threading.Event | None = None
+# run on every worker before each commit's snapshot, in the order registered (the same on
+# every worker): a DistributedOptimizer whose workers sit out brings them up to date there
+_BEFORE_COMMIT: list = []
+
+
+def before_commit(fn) -> None:
+    """Run `fn()` on every worker before each commit's snapshot (a collective may run in
+    it: every worker commits at the same step). hetrain.api.members registers each
+    optimizer's: a worker sitting out of the gradient exchange holds older parameters,
+    which its commit must not hold. Held for the process's life, as the optimizers
+    registered for hetrain.join are, so every worker runs the same hooks whatever its
+    garbage collector did."""
+    _BEFORE_COMMIT.append(fn)
 
 
 def on_stop_request(*, include_sigterm: bool = True) -> threading.Event:
@@ -201,16 +214,23 @@ class State:
                 self._values.append(k)
         object.__setattr__(self, "_seq", int(snap["seq"]))
 
-    def commit(self) -> None:
-        """Snapshot everything (in memory, and on disk on the replica workers), then
-        honour any stop or resize request (raises StopAtCommit, which `run` handles).
-        Call it on every worker at the same step."""
-        t0 = time.perf_counter()
+    def _save(self) -> None:
+        """The next commit: every worker brought up to date (`before_commit`), then the
+        snapshot, in memory and on the replica workers' disks."""
+        for fn in _BEFORE_COMMIT:
+            fn()
         object.__setattr__(self, "_seq", self._seq + 1)
         data = dumps(self._snapshot())
         object.__setattr__(self, "_memory", data)
         if self._rank < self._replicas:
             self._replica().save(self._seq, data)
+
+    def commit(self) -> None:
+        """Snapshot everything (in memory, and on disk on the replica workers), then
+        honour any stop or resize request (raises StopAtCommit, which `run` handles).
+        Call it on every worker at the same step."""
+        t0 = time.perf_counter()
+        self._save()
         if self._rank == 0 and self._ctx.store is not None:
             try:
                 self._ctx.store.add(COMMITS, 1)  # the launcher's progress signal
@@ -248,11 +268,7 @@ class State:
         if not flags.any():
             return
         if not committed:
-            object.__setattr__(self, "_seq", self._seq + 1)
-            data = dumps(self._snapshot())
-            object.__setattr__(self, "_memory", data)
-            if self._rank < self._replicas:
-                self._replica().save(self._seq, data)
+            self._save()
         if flags[0] > 0:
             raise StopAtCommit(EXIT_STOPPED, f"stopped on request at commit {self._seq}")
         raise StopAtCommit(EXIT_RESIZE, f"stopped at commit {self._seq} so that machines can join the job")
