@@ -11,38 +11,90 @@ import numpy as np
 from ..perf.exchangeset import exchange_cost, fastest_sets, price_floor, priced
 from ..perf.steptime import StepPlan, plan_time
 
+# steps of a kind of exchange measured before it is priced (after a set's first, never
+# counted): the next few still pay some of the start, and on a loaded host one spike
+# among two or three is their median; a worker priced out on them is measured again only
+# by the probes (every 64 steps, then less often)
+PRICED_AFTER = 4
+
 
 class ExchangePrices:
     """This worker's measured exchange seconds (`record`, reported by `mine` with its fit)
-    and every worker's agreed ones (`comm`, NaN: not measured), and what they price."""
+    and every worker's agreed prices, with every worker in (`comm`) and in sets short of
+    the job (`part`; NaN: not measured), and what they price (`hetrain.perf.exchangeset`).
+
+    A step's exchange is the least number its members report for it (`receive`): all end
+    the step together, so the member that reached the exchange last (computed longest,
+    or started last) waited least, and its number is the exchange alone. Each worker's
+    price of a kind is the median of that over the last `window` steps of the kind it
+    took part in: every worker computes the same from the same rows. (A median of each
+    worker's own numbers, least of them taken after, would price the exchange by the
+    worker that reached it last least often: on a loaded host twice the exchange.)"""
 
     def __init__(self, workers: int, window: int):
         self.comm = np.full(workers, np.nan)
+        self.part = np.full(workers, np.nan)
         self.window = window
-        self._mine: list[float] = []
+        self._mine: dict[bool, list[float]] = {True: [], False: []}  # since the last report
+        self._steps = {kind: [[] for _ in range(workers)] for kind in (True, False)}  # per worker, per step
 
-    def record(self, seconds: float) -> None:
+    def record(self, seconds: float, whole: bool = True) -> None:
         """What this worker's step just done spent beyond its compute exchanging with other
         workers (exposed exchange and waiting for them; only steps it shared an exchange
-        with others: a step alone costs none). Its median over the last `window` such
-        steps is what `mine` reports."""
-        self._mine = [*self._mine[1 - self.window:], float(seconds)]
+        with others, not a set's first: a step alone costs none), with every worker in
+        (`whole`) or in a set short of the job."""
+        self._mine[whole].append(float(seconds))
 
-    def mine(self) -> float:
-        return float(np.median(self._mine)) if self._mine else float("nan")
+    def mine(self) -> tuple[float, float]:
+        """(whole job, set short of it): this worker's exchange seconds of each kind since
+        the last report (their median where the fits are exchanged every few steps; NaN:
+        none), for the row it sends now."""
+        out = tuple(float(np.median(v)) if v else float("nan") for v in (self._mine[True], self._mine[False]))
+        self._mine = {True: [], False: []}
+        return out
+
+    def receive(self, whole, part) -> None:
+        """Every worker's `mine` of one exchange of rows (NaN: not measured): the step's
+        exchange of each kind, the least among the workers that measured it, goes to
+        each of them, and their prices are the medians of their last `window`, once
+        they hold `PRICED_AFTER`."""
+        for kind, col, out in ((True, whole, self.comm), (False, part, self.part)):
+            col = np.asarray(col, dtype=float)
+            good = np.isfinite(col) & (col > 0)
+            if not good.any():
+                continue
+            least = float(col[good].min())
+            for i in np.flatnonzero(good):
+                hist = self._steps[kind][i] = [*self._steps[kind][i][1 - self.window:], least]
+                out[i] = float(np.median(hist)) if len(hist) >= min(PRICED_AFTER, self.window) else np.nan
+
+    def error(self, members) -> float:
+        """Standard error of the exchange price of the set `members` (bool per worker):
+        of the median of the steps behind it (1.25 x the MAD-based deviation / sqrt(k)),
+        the member whose price is the set's; 0 for one worker or none measured."""
+        m = np.asarray(members, dtype=bool)
+        if m.sum() <= 1:
+            return 0.0
+        kind = bool(m.all())
+        prices = np.where(m, self.comm if kind else self.part, np.nan)
+        if not np.isfinite(prices).any():
+            return 0.0
+        hist = np.asarray(self._steps[kind][int(np.nanargmin(prices))])
+        mad = float(np.median(np.abs(hist - np.median(hist))))
+        return 1.2533 * 1.4826 * mad / np.sqrt(len(hist))
 
     @property
     def measured(self) -> bool:
         """Whether any worker measured its exchange (else sets are chosen on compute alone)."""
-        return priced(self.comm)
+        return priced(self.comm, self.part)
 
     def price(self, plan: StepPlan, fixed, per) -> float:
         """`plan`'s predicted step: its compute under these fits and the exchange among its workers."""
-        return plan_time(plan, fixed, per) + exchange_cost(plan.sizes > 0, self.comm)
+        return plan_time(plan, fixed, per) + exchange_cost(plan.sizes > 0, self.comm, self.part)
 
     def floor(self, total: int, fixed, per, caps, compute_floor: float) -> float:
         """A price no split of `total` beats (`price_floor`)."""
-        return price_floor(int(total), fixed, per, caps, self.comm, compute_floor)
+        return price_floor(int(total), fixed, per, caps, self.comm, compute_floor, self.part)
 
     def best(self, plan: StepPlan, total: int, fixed, per, caps, solve: Callable[[np.ndarray], StepPlan]) -> StepPlan:
         """`plan` (the compute-optimal split) or `solve(mask)`, the split of a set of the
