@@ -182,16 +182,16 @@ def test_an_all_reduce_among_processes_of_one_host_is_memcpy_bound():
     from hetrain.perf.comm import SHM_BYTES_PER_BYTE, shm_allreduce_time
     from hetrain.plan.job import job_cluster
 
-    assert SHM_BYTES_PER_BYTE == 5.0  # the bound below is written for this algorithm
-    for n, cores in ((2, 2), (4, 2), (4, 16)):  # bench/colocated.py memcpy_bound: (2.5 + 0.5/n)·N/S·n/min(n, cores)
-        assert shm_allreduce_time(1e8, n, 1e10, cores) == pytest.approx((2.5 + 0.5 / n) * 1e8 / 1e10 * n / min(n, cores))
+    k = SHM_BYTES_PER_BYTE  # 5 for bench/colocated.py's memcpy_bound: (2.5 + 0.5/n)·N/S·n/min(n, cores)
+    for n, cores in ((2, 2), (4, 2), (4, 16)):
+        assert shm_allreduce_time(1e8, n, 1e10, cores) == pytest.approx((k + 1 / n) / 2 * 1e8 / 1e10 * n / min(n, cores))
     assert shm_allreduce_time(1e8, 1, 1e10, 2) == 0.0
     workers = tuple(JobWorker(w, 1e-3, 1.25e9) for w in "abcd")
     model = JobModel("m", grad_bytes=1e8, act_bytes_per_sample=0.0)
     cand = Candidate("allreduce", "equal", False, "fp32")
     shm = predict(cand, model, JobCluster(workers, shared_memory=True, memcpy_speed=1e10, cores=2), 40)
     nic = predict(cand, model, JobCluster(workers), 40)
-    assert shm.comm_s == pytest.approx((5 + 1 / 4) * 1e8 / 2e10 * 2)  # 52.5 ms, not the ring's
+    assert shm.comm_s == pytest.approx((k + 1 / 4) * 1e8 / 2e10 * 2)  # 52.5 ms at k = 5, not the ring's
     assert nic.comm_s == pytest.approx(ring_allreduce_time(1e8, 4, 1.25e9))  # 120 ms over 10 Gbit/s NICs
     byteps = Candidate("byteps", "equal", False, "fp32")  # summation servers: over their links, as before
     assert predict(byteps, model, JobCluster(workers, (1.25e9,), shared_memory=True), 40).comm_s == pytest.approx(
