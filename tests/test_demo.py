@@ -33,13 +33,6 @@ def test_demo_reaches_95_percent(tmp_path):
     assert all(r["device"].startswith("cpu") for r in summary["ranks"].values())
     assert summary["compute_spread"] >= 1.0 and sum(summary["final_shares"]) == 64
     assert all(r["bytes"] > 0 and r["comm_s"] > 0 for r in summary["ranks"].values())
-    # the slow workers help this model (the cost model: 12 ms a step with all four, 16 with the
-    # two fast ones), so they keep a share (speed 0.25: 5 of 64 samples while all train; priced
-    # out of the exchange from the start, as by its first exchange, it had 0.5% of the samples,
-    # from the probes; on a loaded host the fastest worker alone comes close to all four, and
-    # the set may change late in the run)
-    total = sum(r["samples"] for r in summary["ranks"].values())
-    assert all(r["samples"] >= 0.015 * total for r in summary["ranks"].values()), summary["ranks"]
     assert "digits demo: test accuracy" in proc.stdout and "samples/s" in proc.stdout
     assert any((run / "tb").iterdir()), "no TensorBoard events written"
     from hetrain.train.elastic import load_committed

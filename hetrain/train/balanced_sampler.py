@@ -126,7 +126,6 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # the step handed out last's exchange, what it costs this worker measured by kind
         # (True: every worker in it; False: a set short of the job; None: not measured)
         self._shared: bool | None = None
-        self._sets: dict[tuple[int, ...], int] = {}  # exchanges begun per set of workers
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
@@ -167,12 +166,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
         if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
             self.optimizer.set_exchange(members)
-            seen = self._sets.get(tuple(members), 0)
-            self._sets[tuple(members)] = seen + 1
-            # not where this worker is out or alone, nor a set's first exchange: that one makes
-            # the set's group, announces the layout, connects to the servers, which no later
-            # step pays (the demo's first exchange priced three of its four workers out for good)
-            self._shared = len(members) == self.balancer.n if samples > 0 and len(members) > 1 and seen else None
+            self._shared = self.balancer.prices.kind_of(members, samples)
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):

@@ -37,6 +37,21 @@ class ExchangePrices:
         self.window = window
         self._mine: dict[bool, list[float]] = {True: [], False: []}  # since the last report
         self._steps = {kind: [[] for _ in range(workers)] for kind in (True, False)}  # per worker, per step
+        self._sets: dict[tuple[int, ...], int] = {}  # exchanges begun per set of workers
+
+    def kind_of(self, members, samples: int) -> bool | None:
+        """What this worker's step among the workers `members` (indices; every worker
+        calls this at every step) measures: the whole job's exchange (True), a set short
+        of it (False), or nothing (None): not where this worker is out or alone, nor at a
+        set's first exchange, which makes the set's group, announces the layout and
+        connects to the servers (the demo's first exchange, priced like the next, took
+        three of its four workers out of the run)."""
+        key = tuple(int(i) for i in members)
+        seen = self._sets.get(key, 0)
+        self._sets[key] = seen + 1
+        if samples <= 0 or len(key) <= 1 or not seen:
+            return None
+        return len(key) == len(self.comm)
 
     def record(self, seconds: float, whole: bool = True) -> None:
         """What this worker's step just done spent beyond its compute exchanging with other

@@ -173,3 +173,13 @@ def test_a_step_exchange_is_the_least_its_members_measured_and_its_kind_its_own(
     whole, part = p.mine()
     assert np.isnan(whole) and part == pytest.approx(0.6)
     assert all(np.isnan(p.mine()))  # each number is reported once
+
+
+def test_a_sets_first_exchange_and_a_step_alone_are_not_measured():
+    """A set's first exchange makes its group, announces the layout, connects to the
+    servers: not counted, nor a step this worker is out of or alone in; after it, every
+    worker in is the whole job's kind and fewer a set short of it."""
+    p = ExchangePrices(3, window=8)
+    assert p.kind_of([0, 1, 2], 10) is None and p.kind_of([0, 1, 2], 10) is True
+    assert p.kind_of([0, 1], 10) is None and p.kind_of([0, 1], 10) is False and p.kind_of([0, 1], 0) is None
+    assert p.kind_of([0], 64) is None and p.kind_of([0], 64) is None
