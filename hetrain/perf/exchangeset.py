@@ -28,16 +28,18 @@ least measured over all workers).
 The kinds differ most with summation servers (byteps, ps): every worker in, the
 exchange is the servers' path, and each worker's push and pull overlap the others' on
 the servers, so it costs about one worker's, however many take part (the BytePS model,
-`perf.comm`: a worker's NIC carries its gradient each way whatever n); a worker joining
-a set of several adds its samples and next to no exchange. A set short of the job
-all-reduces among its members instead, which its own measurement prices; until one
-is measured it is priced at the whole job's exchange (the path a set of several pays in
-this mode), so a worker leaves a set of several only where a measured exchange shows
-that leaving saves more than its samples' compute, and the fastest worker alone (no
-exchange) is always weighed against the servers' path. Nothing measured: 0, and sets
-are chosen on compute alone. A set's exchange is taken as that of its members measured
-in whatever set of its kind they were in: a model, exact for the sets seen, which is
-what the probes (train/probe.py) refresh.
+`perf.comm`: a worker's NIC carries its gradient each way whatever n): a worker joining
+the whole job adds its samples and next to no exchange beyond that path. A set short
+of the job all-reduces among its members instead, priced by its own measurements; until
+one is measured, by the cost model's all-reduce where its workers share a host (the
+shared-memory all-reduce, `perf.comm.shm_allreduce_time`: a set is tried and measured
+where the model says it is cheaper), else at the whole job's exchange (between hosts
+the model's NIC rates are not what the runtime reaches). So the slowest worker leaves
+where the servers' path costs more than its samples' compute saves over the others'
+all-reduce, and the fastest worker alone (no exchange) is always weighed. Nothing
+measured: 0, and sets are chosen on compute alone. A set's exchange is taken as that
+of its members measured in whatever set of its kind they were in: a model, exact for
+the sets seen, which is what the probes (train/probe.py) refresh.
 
 numpy-only, as all of perf.
 """
@@ -58,22 +60,25 @@ def _least(seconds, members) -> float:
     return min(known) if known else math.nan
 
 
-def exchange_cost(members, comm, part=None) -> float:
+def exchange_cost(members, comm, part=None, short=None) -> float:
     """Predicted seconds the exchange among `members` (bool per worker) adds to a step,
     from every worker's measured exchange seconds with every worker in (`comm`) and in
     sets short of the job (`part`; NaN: not measured; None: the same numbers as `comm`).
-    A set short of the job not measured yet takes the whole job's exchange, and the
-    whole job one measured in sets short of it where it was never measured itself."""
+    A set short of the job not measured yet takes `short(k)`, the modelled all-reduce of
+    its k workers where they share a host (`perf.comm.shm_allreduce_time`), else the whole
+    job's exchange; the whole job one measured in sets short of it where it was never
+    measured itself."""
     m = [bool(x) for x in np.asarray(members).ravel().tolist()]
     if sum(m) <= 1:
         return 0.0
     part = comm if part is None else part
-    first, second = (comm, part) if all(m) else (part, comm)
-    for seconds in (first, second):
-        t = _least(seconds, m)
-        if math.isfinite(t):
-            return t
-    return 0.0
+    t = _least(comm if all(m) else part, m)
+    if math.isfinite(t):
+        return t
+    if not all(m) and short is not None:
+        return float(short(sum(m)))
+    t = _least(part if all(m) else comm, m)
+    return t if math.isfinite(t) else 0.0
 
 
 def _known(*arrays) -> list[float]:

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..perf.steptime import spread
 from ..runtime.memory import synchronize
 from .balance import BalanceConfig, Balancer
+from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
 from .tail import TailClaims, split_tail
@@ -123,6 +124,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # is claimed while the step runs, so who takes part is not known when it starts
         self.leave = (job and lockstep and cfg.leave and self.claims is None and group.size > 1
                       and hasattr(optimizer, "set_exchange"))
+        if self.leave:  # a set of workers not measured yet is priced by the cost model where it can be
+            self.balancer.prices.short = host_allreduce(ctx, [p for g in optimizer.param_groups for p in g["params"]])
         # the step handed out last's exchange, what it costs this worker measured by kind
         # (True: every worker in it; False: a set short of the job; None: not measured)
         self._shared: bool | None = None

@@ -4,12 +4,15 @@ rows) and the split of the best set (`hetrain.perf.exchangeset` has the model; t
 its state inside one `Balancer`)."""
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
 
+from ..perf.comm import MEMCPY_SPEED, shm_allreduce_time
 from ..perf.exchangeset import exchange_cost, fastest_sets, price_floor, priced
 from ..perf.steptime import StepPlan, plan_time
+from ..runtime.shmnames import same_host
 
 # steps of a kind of exchange measured before it is priced (after a set's first, never
 # counted): the next few still pay some of the start, and on a loaded host one spike
@@ -31,7 +34,8 @@ class ExchangePrices:
     worker's own numbers, least of them taken after, would price the exchange by the
     worker that reached it last least often: on a loaded host twice the exchange.)"""
 
-    def __init__(self, workers: int, window: int):
+    def __init__(self, workers: int, window: int, short: Callable[[int], float] | None = None):
+        self.short = short  # modelled all-reduce of k workers of one host (`host_allreduce`), or None
         self.comm = np.full(workers, np.nan)
         self.part = np.full(workers, np.nan)
         self.window = window
@@ -105,7 +109,7 @@ class ExchangePrices:
 
     def price(self, plan: StepPlan, fixed, per) -> float:
         """`plan`'s predicted step: its compute under these fits and the exchange among its workers."""
-        return plan_time(plan, fixed, per) + exchange_cost(plan.sizes > 0, self.comm, self.part)
+        return plan_time(plan, fixed, per) + exchange_cost(plan.sizes > 0, self.comm, self.part, self.short)
 
     def floor(self, total: int, fixed, per, caps, compute_floor: float) -> float:
         """A price no split of `total` beats (`price_floor`)."""
@@ -124,6 +128,22 @@ class ExchangePrices:
             if t < best_t:
                 best, best_t = cand, t
         return best
+
+
+def host_allreduce(ctx, params) -> Callable[[int], float] | None:
+    """The cost model's all-reduce of `params`' gradients among k workers of a job whose
+    workers all share this host (one node, links not emulated, launched by hetrain: the
+    runtime then all-reduces through shared memory, comm/shm/select.py), at the default
+    memcpy speed over this process's cores; None elsewhere."""
+    if ctx is None or not getattr(ctx, "distributed", False) or getattr(ctx, "env", None) is None:
+        return None
+    if ctx.env.origin != "hetrain" or not hasattr(os, "sched_getaffinity"):
+        return None
+    if not same_host(ctx.topology, ctx.cluster, ctx.topology.worker_ranks):
+        return None
+    nbytes = float(sum(p.numel() * p.element_size() for p in params))
+    cores = len(os.sched_getaffinity(0))
+    return lambda k: shm_allreduce_time(nbytes, k, MEMCPY_SPEED, cores)
 
 
 def leaves_out(current: StepPlan, new: StepPlan) -> bool:

@@ -32,8 +32,12 @@ def test_the_whole_job_and_a_smaller_set_are_priced_by_their_own_kind_of_exchang
     assert exchange_cost([True] * 3, whole, part) == 0.020  # not the smaller sets' 1 ms
     assert exchange_cost([True, True, False], whole, part) == 0.001
     assert exchange_cost([False, True, True], whole, part) == 0.002
-    # no smaller set measured yet: priced at the whole job's exchange (the path a set of several pays)
+    # no smaller set measured yet: priced at the whole job's exchange (the path a set of several pays),
+    # or where the workers share a host, by the cost model's all-reduce of its workers (then tried)
     assert exchange_cost([True, True, False], whole, [NAN] * 3) == 0.020
+    assert exchange_cost([True, True, False], whole, [NAN] * 3, short=lambda k: 1e-4 * k) == pytest.approx(2e-4)
+    assert exchange_cost([True, True, False], whole, part, short=lambda k: 1e-4 * k) == 0.001  # measured: that
+    assert exchange_cost([True] * 3, whole, part, short=lambda k: 0.0) == 0.020
     assert exchange_cost([True] * 3, [NAN] * 3, part) == 0.001  # and the other way round
     assert exchange_cost([True, False, False], whole, part) == 0.0
     assert priced([NAN] * 3, part) and not priced([NAN] * 3, [NAN, 0.0, NAN])
