@@ -360,7 +360,9 @@ def main(argv=None) -> int:
         a.widths, a.cpu_workers, a.threads = [64, 128], min(a.cpu_workers, 2), 1
         a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
     steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
-    warmup = a.warmup or (4 if a.cpu_dry_run else (8 if a.quick else 12))
+    # warm-up: the fits settle, and the balancer prices the exchange (a set's first exchange is
+    # not counted, the next 4 are: hetrain/train/exchange_price.py) and settles on a set
+    warmup = a.warmup or (12 if a.cpu_dry_run else (8 if a.quick else 12))
     with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
         tmp = Path(d)
         import yaml

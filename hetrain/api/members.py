@@ -18,7 +18,11 @@ agree on it without a message, and all know who holds the current parameters: th
 workers of the last step's set. A worker sitting out keeps the parameters it had; when
 a set takes in a worker of no set before it (a probe, a new split), the parameters and
 the optimizer state are first broadcast to every worker from the lowest rank of the
-last set (`resync`), so its gradients are computed on the current model.
+last set (`resync`), so its gradients are computed on the current model; the model's
+buffers (batch-norm statistics) go with them where the optimizer was told the model
+(`DistributedOptimizer.track_buffers`, which BalancedLoader calls). An elastic commit
+while some worker sits out first brings every worker to the last set's state
+(`up_to_date`), so whichever worker's commit is restored holds the trained state.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..train.elastic import before_commit
 
 _DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
                                torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -41,10 +46,17 @@ class ExchangeMembers:
     `engine_for(ranks)` is the engine of a set (None where this worker is not in it);
     `enter(ranks, named, optimizer)` re-synchronises first where the set takes in a
     worker that was not in the last one. Counters for the step summary and tests:
-    `exchanges` (steps this worker exchanged in), `sat_out`, `resyncs`."""
+    `exchanges` (steps this worker exchanged in), `sat_out`, `resyncs`.
+    `named`/`optimizer`: what an elastic commit brings up to date (`up_to_date`, run by
+    `hetrain.train.elastic.State.commit` on every worker); `module`: the model whose
+    buffers travel with the parameters (`track`)."""
 
-    def __init__(self, job_engine):
+    def __init__(self, job_engine, named=None, optimizer: torch.optim.Optimizer | None = None):
         self.job = job_engine
+        self.named, self.optimizer = named, optimizer
+        self.module: torch.nn.Module | None = None
+        if named is not None:
+            before_commit(self.up_to_date)
         self.ctx = job_engine.ctx
         topo = self.ctx.topology if self.ctx.distributed else None
         self.workers: tuple[int, ...] = tuple(topo.worker_ranks) if topo is not None else (self.ctx.rank,)
@@ -104,29 +116,58 @@ class ExchangeMembers:
         else:
             self.sat_out += 1
 
+    def track(self, module: torch.nn.Module) -> None:
+        """`DistributedOptimizer.track_buffers`: `module`'s buffers are re-synchronised
+        with the parameters."""
+        if not isinstance(module, torch.nn.Module):
+            raise UserError(f"track_buffers takes the model (a torch.nn.Module), got {type(module).__name__}")
+        self.module = module
+
+    def up_to_date(self) -> None:
+        """Before an elastic commit's snapshot (every worker, same step): where some worker
+        sits out, its parameters, optimizer state and buffers are those of the step it
+        left at; every worker takes the last set's (`resync` from its lowest rank), so
+        each commit holds the exchanging workers' state, whichever worker's is restored.
+        `last` stays the set: the workers out fall behind again at its next update."""
+        if self.named is not None and self.last != self.workers:
+            self.resync(self.named, self.optimizer, min(self.last))
+
     def resync(self, named, optimizer: torch.optim.Optimizer, source: int) -> None:
-        """Broadcast the parameters and the optimizer's state from job rank `source` to
-        every worker (the whole worker group, so one collective serves any set; it runs
-        only when a worker rejoins). The state's structure travels as JSON (never a
-        pickle): a worker that sat out from the start may hold none yet."""
+        """Broadcast the parameters, the optimizer's state and the tracked model's buffers
+        (`track`) from job rank `source` to every worker (the whole worker group, so one
+        collective serves any set; it runs only when a worker rejoins, or at a commit while
+        one sits out). The structure travels as JSON (never a pickle): a worker that sat
+        out from the start may hold no optimizer state yet."""
         ctx = self.ctx
         if not ctx.distributed or len(self.workers) == 1:
             return
         params = [p for _, p in named]
-        desc = _describe(optimizer, params) if ctx.rank == source else ""
+        buffers = [(n, b) for n, b in self.module.named_buffers()] if self.module is not None else []
+        desc = _describe(optimizer, params, buffers) if ctx.rank == source else ""
         desc = json.loads(_broadcast_text(ctx, desc, source))
         if [int(n) for n in desc["numel"]] != [p.numel() for p in params]:
             raise UserError(f"re-synchronising parameters from {ctx.describe(source)}: its parameters have "
                             f"{desc['numel']} elements, this worker's {[p.numel() for p in params]}; every worker "
                             "must train the same model")
-        tensors = [p.data for p in params] + _state_tensors(optimizer, params, desc["state"])
+        mine = _buffer_specs(buffers)
+        if desc["buffers"] != mine:
+            raise UserError(f"re-synchronising the model's buffers from {ctx.describe(source)}: its buffers are "
+                            f"{desc['buffers']}, this worker's {mine}; every worker must train the same model and "
+                            "call track_buffers with it")
+        tensors = ([p.data for p in params] + _state_tensors(optimizer, params, desc["state"])
+                   + [b.data for _, b in buffers])
         _broadcast_tensors(ctx, tensors, source)
         self.resyncs += 1
 
 
-def _describe(optimizer: torch.optim.Optimizer, params) -> str:
+def _buffer_specs(buffers) -> list:
+    """Name, dtype and shape of each buffer: what the source and a receiver must share."""
+    return [[name, str(b.dtype), list(b.shape)] for name, b in buffers]
+
+
+def _describe(optimizer: torch.optim.Optimizer, params, buffers) -> str:
     """The optimizer state's structure, per parameter: tensors by dtype, shape and place
-    (with the parameter, or on the host), plain numbers by value."""
+    (with the parameter, or on the host), plain numbers by value; and the buffers'."""
     out = []
     for p in params:
         entry = {}
@@ -140,7 +181,7 @@ def _describe(optimizer: torch.optim.Optimizer, params) -> str:
                                 "that rejoins the exchange; use BalanceConfig(leave=False) to keep every worker in "
                                 "every exchange")
         out.append(entry)
-    return json.dumps({"numel": [p.numel() for p in params], "state": out})
+    return json.dumps({"numel": [p.numel() for p in params], "state": out, "buffers": _buffer_specs(buffers)})
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer, params, state: list) -> list[torch.Tensor]:

@@ -137,7 +137,7 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         self._total: int | None = None  # every worker's batch together this step, when the loader knows it
         self._size_set = False  # set_batch_size() since the last step: zero_grad() starts the step
         self.engine = engine()  # the engine of this step's exchange (see set_exchange)
-        self._members = ExchangeMembers(self.engine)
+        self._members = ExchangeMembers(self.engine, self._named, optimizer)
         self._out = False  # this worker sits this step's exchange out (set_exchange)
         if self.engine.ctx.distributed:  # the model on this worker's device (or the host), before any step
             check_tensors(self._named, self.engine.ctx.device, "DistributedOptimizer: parameter", model=True)
@@ -236,6 +236,12 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
         eng = self._members.switch(workers if can else None, self.engine.in_flight, self._named, self._inner, step)
         self._out = eng is None
         self.engine = self._members.job if eng is None else eng
+
+    def track_buffers(self, model: torch.nn.Module) -> None:
+        """`model`'s buffers (batch-norm statistics...) are re-synchronised with the
+        parameters and the optimizer state where a worker rejoins the exchange
+        (`set_exchange`; BalancedLoader(model=...) calls this)."""
+        self._members.track(model)
 
     def step(self, closure=None, grad_scaler=None):
         if closure is not None and not self._synced:

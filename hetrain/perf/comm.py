@@ -20,6 +20,51 @@ def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float 
     return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * latency
 
 
+# The shared-memory all-reduce of processes on one host (hetrain/comm/shm/: a
+# reduce-scatter and an all-gather over segments every member maps) moves no byte over a
+# NIC: it is bound by memory copies. The engine keeps host buckets in the shared segments
+# (comm/shm/arena.py), so per process the all-reduce reads and writes
+# SHM_BYTES_PER_BYTE · N + SHM_BYTES_PER_SLICE · N/n bytes for an N-byte bucket among n
+# processes: it reads N and writes N/n to sum its slice of every segment, and reads and
+# writes (n-1)N/n to push the sum into the others' segments: 3N - N/n (bench/colocated.py's
+# memcpy_bound). Buffers it did not allocate are copied in and out (5N + N/n).
+SHM_BYTES_PER_BYTE = 3.0
+SHM_BYTES_PER_SLICE = -1.0
+# bytes one thread copies per second where the host's was not measured (this development
+# host: about 11 GB/s; `memcpy_speed` measures it)
+MEMCPY_SPEED = 10e9
+
+
+def shm_allreduce_time(nbytes: float, n: int, memcpy_speed: float = MEMCPY_SPEED, cores: int = 0) -> float:
+    """Seconds of the shared-memory all-reduce of `nbytes` among `n` processes of one
+    host: the bytes each reads and writes (`SHM_BYTES_PER_BYTE` · N + `SHM_BYTES_PER_SLICE`
+    · N/n) at the
+    memcpy speed (a copy of B bytes reads and writes 2B), the processes sharing `cores`
+    where they outnumber them (0: a core each)."""
+    if n <= 1:
+        return 0.0
+    if memcpy_speed <= 0:
+        raise UserError(f"the memcpy speed must be > 0 bytes/s, got {memcpy_speed}")
+    crowd = n / min(n, cores) if cores > 0 else 1.0
+    return (SHM_BYTES_PER_BYTE + SHM_BYTES_PER_SLICE / n) * nbytes / (2.0 * memcpy_speed) * crowd
+
+
+def memcpy_speed(nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
+    """Bytes one thread of this host copies per second (the median of `repeats` copies of
+    `nbytes`, after one that touches the pages)."""
+    import time
+
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return float(nbytes / max(float(np.median(times)), 1e-9))
+
+
 def byteps_split(n: int, k: int, nbytes: float = 1.0) -> tuple[float, float]:
     """Optimal bytes held by each CPU server and each co-located server: (M_cpu, M_gpu).
 

@@ -10,7 +10,10 @@ workers finish together), whether gradients are pushed while backward still runs
 
     compute_i = fixed_i + b_i · per_sample_i                 (the H-PS step-time model, perf.steptime)
     M         = gradient bytes · codec ratio                 (fp32 1, fp16 1/2, int8 1/4, int4 1/8)
-    comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC;
+    comm      = t(M) / efficiency                            (ring: 2(n-1)/n·M over the slowest NIC, or
+                                                               memcpy-bound through shared memory where
+                                                               every worker is on one host: perf.comm
+                                                               `shm_allreduce_time`;
                                                                BytePS: the LP split of perf.comm;
                                                                PS: the busiest NIC of n·M/k; with
                                                                servers, push + pull of the last
@@ -45,7 +48,7 @@ import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
 from ..modes import PRICED_MODES, Codec, Mode  # the exchange's vocabulary, dependency-free too
-from .comm import byteps_shares, ring_allreduce_time
+from .comm import MEMCPY_SPEED, byteps_shares, ring_allreduce_time, shm_allreduce_time
 from .exchangeset import fastest_sets
 from .steptime import predicted_times, solve_shares
 
@@ -87,6 +90,11 @@ class JobCluster:
     # runs and no last bucket is left after it (a summation server's pull still is: it
     # is sent once the pushes are in); on real links and tc the last bucket goes after
     paced_before_send: bool = False
+    # every worker process on one host, links not emulated: their all-reduce goes through
+    # shared memory (comm/shm/), bound by memory copies, not by a NIC (`shm_allreduce_time`)
+    shared_memory: bool = False
+    memcpy_speed: float = MEMCPY_SPEED  # bytes one thread of that host copies per second
+    cores: int = 0                      # cores the worker processes share (0: a core each)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -213,6 +221,15 @@ def comm_time(mode: Mode | str, nbytes: float, worker_bw: np.ndarray, cpu_bw: np
     return total + (push + pull - total) / p
 
 
+def exchange_time(mode: Mode, nbytes: float, cluster: JobCluster, partitions: int = 1) -> float:
+    """`comm_time` on `cluster`'s NICs, except an all-reduce among processes of one host
+    (`JobCluster.shared_memory`), which goes through shared memory: `shm_allreduce_time`."""
+    if not mode.has_servers and cluster.shared_memory:
+        return shm_allreduce_time(nbytes, len(cluster.workers), cluster.memcpy_speed, cluster.cores)
+    wbw = np.array([w.bandwidth for w in cluster.workers], dtype=float)
+    return comm_time(mode, nbytes, wbw, np.array(cluster.cpu_bandwidth, dtype=float), cluster.duplex, partitions)
+
+
 def shares_for(policy: str, global_batch: int, cluster: JobCluster, caps: np.ndarray) -> np.ndarray:
     """Samples per worker: equal (capped by memory, the rest spread evenly) or balanced by
     the step-time model so every worker is predicted to finish together."""
@@ -306,7 +323,7 @@ def _predict_set(cand: Candidate, model: JobModel, cluster: JobCluster, global_b
     tail = 0.0 if not cand.mode.has_servers and cluster.paced_before_send else 1.0
     parts = {"compute": float(compute.max()), "window": cluster.overlap_window, "tail": tail,
              "buckets": allreduce_buckets(model) if not cand.mode.has_servers else 0,
-             "comm": comm_time(cand.mode, nbytes, wbw, cbw, cluster.duplex, pieces) if n > 1 else 0.0,
+             "comm": exchange_time(cand.mode, nbytes, cluster, pieces) if n > 1 else 0.0,
              "codec": codec_work(cand, model, wbw, cbw) * fitted.codec_s_per_byte.get(cand.codec, 0.0)}
     step, exposed = step_time(parts, cand, fitted)
     slowest = parts["compute"]

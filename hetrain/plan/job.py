@@ -13,7 +13,9 @@ benchmarks run on emulated clusters) that cost replaces the profile's compute ti
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +26,7 @@ from ..cluster.spec import ClusterSpec, parse_cluster
 from ..errors import UserError
 from ..fileio import Strict, read_structured, validate_file
 from ..modes import Codec
+from ..perf.comm import memcpy_speed
 from ..perf.job import (CODEC_RATIO, Candidate, Fitted, JobCluster, JobModel, JobWorker, Prediction, candidates,
                         predict, rank)
 
@@ -81,8 +84,19 @@ def job_cluster(cluster: ClusterSpec, profile=None, cost_per_sample: float | Non
     # the calibrated device model slows a step down after its real backward: an overlapped
     # exchange can run during all of it (on a real device, during backward: about 2/3)
     window = 1.0 if cost_per_sample is not None else 2 / 3
+    # every worker on one node (Linux), links not emulated: the runtime's all-reduce among
+    # them goes through shared memory (comm/shm/select.py), at this host's memcpy speed
+    shared = (cluster.network.emulate == "none" and len({m.node for m in cluster.workers}) == 1
+              and len(workers) > 1 and hasattr(os, "sched_getaffinity"))
+    host = dict(shared_memory=True, memcpy_speed=_memcpy_speed(), cores=len(os.sched_getaffinity(0))) if shared else {}
     return JobCluster(tuple(workers), tuple(m.bandwidth for m in cpu), cpu_price, duplex=duplex,
-                      overlap_window=window, paced_before_send=not duplex)
+                      overlap_window=window, paced_before_send=not duplex, **host)
+
+
+@functools.lru_cache(maxsize=1)
+def _memcpy_speed() -> float:
+    """This host's memcpy speed, measured once per process (`perf.comm.memcpy_speed`)."""
+    return memcpy_speed()
 
 
 def plan_job(model: JobModel, cluster: JobCluster, global_batch: int, target: float | None = None,

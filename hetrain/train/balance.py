@@ -320,11 +320,14 @@ class Balancer(FitExchange):
         a new local batch size costs kernels built per shape). Every worker decides the
         same from the same agreed fits. Where the exchange is priced, a new split that leaves
         workers out of the set in use (and takes in none) saves their exchange, which the fits' noise says nothing
-        of: it needs to beat `cfg.hold` alone (leave at once, rejoin only well above the
-        noise, as `rejoin` does for small shares)."""
+        of: it needs to beat `cfg.hold`, or where the exchange it saves was measured
+        noisy, `hold_noise` standard errors of its price (`ExchangePrices.error`): leave
+        as soon as the exchange's own measurements say so, not on a spike of a loaded
+        host, and rejoin only well above the fits' noise (as `rejoin` does for small shares)."""
         hold = self.hold
         if current is not None and self._priced(new.sizes.sum()) and leaves_out(current, new):
-            hold = min(hold, self.cfg.hold)
+            noise = self.prices.error(current.sizes > 0) / max(self._price(current, fixed, per), 1e-12)
+            hold = max(self.cfg.hold, self.cfg.hold_noise * noise)
         if (current is None or hold <= 0 or current.strategy != new.strategy or current.micro != new.micro
                 or (self.every_worker and bool((current.sizes == 0).any()))):
             return new

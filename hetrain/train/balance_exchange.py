@@ -20,9 +20,10 @@ class FitExchange:
         """This worker's compute for the step just done."""
         self.model.add(samples, seconds)
 
-    def record_exchange(self, seconds: float) -> None:
-        """This worker's exchange with the others in the step just done (`ExchangePrices.record`)."""
-        self.prices.record(seconds)
+    def record_exchange(self, seconds: float, whole: bool = True) -> None:
+        """This worker's exchange with the others in the step just done, every worker in
+        it or not (`ExchangePrices.record`)."""
+        self.prices.record(seconds, whole)
 
     def update(self, extra=()) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
@@ -47,7 +48,7 @@ class FitExchange:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        row = np.array([fixed, per, self.model.level_error, self.prices.mine(), *extra], dtype=np.float64)
+        row = np.array([fixed, per, self.model.level_error, *self.prices.mine(), *extra], dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -101,9 +102,9 @@ class FitExchange:
         self._apply(wait(), step)
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
-        self.rows, self.rows_step = rows[:, 4:], step
+        self.rows, self.rows_step = rows[:, 5:], step
         self.level_error = np.nan_to_num(rows[:, 2])
-        self.prices.comm = rows[:, 3].copy()
+        self.prices.receive(rows[:, 3], rows[:, 4])
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..perf.steptime import spread
 from ..runtime.memory import synchronize
 from .balance import BalanceConfig, Balancer
+from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
 from .tail import TailClaims, split_tail
@@ -124,7 +125,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # is claimed while the step runs, so who takes part is not known when it starts
         self.leave = (job and lockstep and cfg.leave and self.claims is None and group.size > 1
                       and hasattr(optimizer, "set_exchange"))
-        self._shared = False  # this worker shared the step handed out last's exchange with others
+        if self.leave:  # a set of workers not measured yet is priced by the cost model where it can be
+            self.balancer.prices.short = host_allreduce(ctx, [p for g in optimizer.param_groups for p in g["params"]])
+        # the step handed out last's exchange, what it costs this worker measured by kind
+        # (True: every worker in it; False: a set short of the job; None: not measured)
+        self._shared: bool | None = None
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
@@ -165,7 +170,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
         if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
             self.optimizer.set_exchange(members)
-            self._shared = samples > 0 and len(members) > 1
+            self._shared = self.balancer.prices.kind_of(members, samples)
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
@@ -187,8 +192,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
         compute = max(0.0, end - t_out - comm - wait)
         self.balancer.record(samples, compute)
-        if self._shared:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
-            self.balancer.record_exchange(comm + wait)
+        if self._shared is not None:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
+            self.balancer.record_exchange(comm + wait, whole=self._shared)
         t0 = time.perf_counter()
         self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
         self.exchange_s += time.perf_counter() - t0

@@ -71,6 +71,19 @@ from .shard.sharded import ShardedOptimizer
 __all__ = ["EXIT_RESIZE", "EXIT_STOPPED", "State", "StopAtCommit", "on_stop_request", "run", "load_committed"]
 
 _STOP: threading.Event | None = None
+# run on every worker before each commit's snapshot, in the order registered (the same on
+# every worker): a DistributedOptimizer whose workers sit out brings them up to date there
+_BEFORE_COMMIT: list = []
+
+
+def before_commit(fn) -> None:
+    """Run `fn()` on every worker before each commit's snapshot (a collective may run in
+    it: every worker commits at the same step). hetrain.api.members registers each
+    optimizer's: a worker sitting out of the gradient exchange holds older parameters,
+    which its commit must not hold. Held for the process's life, as the optimizers
+    registered for hetrain.join are, so every worker runs the same hooks whatever its
+    garbage collector did."""
+    _BEFORE_COMMIT.append(fn)
 
 
 def on_stop_request(*, include_sigterm: bool = True) -> threading.Event:
@@ -230,8 +243,11 @@ class State:
         return self._dir / "shards" / f"{seq:08d}-{name}"
 
     def _write(self) -> None:
-        """The next commit: the sharded optimizers' shards (every worker its own; a
-        collective), then the snapshot in memory and on the replica workers."""
+        """The next commit: every worker brought up to date (`before_commit`), the sharded
+        optimizers' shards (every worker its own; a collective), then the snapshot in
+        memory and on the replica workers."""
+        for fn in _BEFORE_COMMIT:
+            fn()
         seq = self._seq + 1
         for name, opt in self._sharded.items():
             opt.save(self._shards(seq, name))  # returns once every worker wrote its spans

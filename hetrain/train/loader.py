@@ -59,7 +59,9 @@ class BalancedLoader:
                      each step and takes the step's end and the exchange time from it.
       model          used to estimate the memory one sample needs (forward hooks) and
                      the model state (parameters, gradients and one optimizer buffer),
-                     so shares are capped by the device's measured free memory.
+                     so shares are capped by the device's measured free memory; its
+                     buffers go with the parameters to a worker that rejoins the
+                     gradient exchange (`DistributedOptimizer.track_buffers`).
       memory_per_sample, reserved_bytes   give these instead (bytes).
       device         where batches go (default: `hetrain.device()`, this worker's GPU when
                      its machine says `cuda: true` in the cluster file, else the CPU).
@@ -137,6 +139,8 @@ class BalancedLoader:
                                             memory_per_sample=memory_per_sample, reserved_bytes=reserved_bytes,
                                             logger=logger, max_samples=max_samples, group=group, ctx=ctx,
                                             strategy=strategy, micro_batch=micro_batch, tail=tail)
+        if model is not None and self.batches.leave:  # a worker that rejoins takes the batch-norm statistics too
+            optimizer.track_buffers(model)
         if self._tensors is not None and self.device.type != "cpu":
             size = sum(t.numel() * t.element_size() for t in self._tensors)
             if preload is None:

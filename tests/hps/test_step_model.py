@@ -188,9 +188,10 @@ def test_balancer_rebalances_from_fits():
 
 
 def test_overlapped_exchange_applies_one_step_later():
-    # the other worker's row: fixed, per sample, level error, exchange seconds (not measured), one metric
+    # the other worker's row: fixed, per sample, level error, exchange seconds with every worker
+    # and in a smaller set (neither measured), one metric
     b = Balancer(None, 100, BalanceConfig(every=1),
-                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 0.0, np.nan, 50]), num_workers=2)
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.004, 0.0, np.nan, np.nan, 50]), num_workers=2)
     b.record(50, 0.1)
     b.update(extra=(50,))
     assert list(b.sizes) == [50, 50] and b.rows is None  # the exchange is still in flight

@@ -208,6 +208,37 @@ def test_one_bucket_all_reduce_hides_nothing():
         assert p.step_s == pytest.approx(0.2 + 0.1) and p.comm_s == pytest.approx(0.1)
 
 
+def test_an_all_reduce_among_processes_of_one_host_is_memcpy_bound():
+    """Every worker on one node, links not emulated: the runtime's all-reduce goes through
+    shared memory (comm/shm/), and the cost model prices it by the bytes each process
+    reads and writes at the host's memcpy speed (bench/colocated.py's bound), shared
+    where the processes outnumber the cores; not by the NICs."""
+    from hetrain.cluster.spec import default_cluster
+    from hetrain.perf.comm import SHM_BYTES_PER_BYTE, SHM_BYTES_PER_SLICE, shm_allreduce_time
+    from hetrain.plan.job import job_cluster
+
+    # bench/colocated.py's memcpy_bound for buckets in the segments: (1.5 - 0.5/n)·N/S·n/min(n, cores)
+    k, d = SHM_BYTES_PER_BYTE, SHM_BYTES_PER_SLICE
+    assert (k, d) == (3.0, -1.0)
+    for n, cores in ((2, 2), (4, 2), (4, 16)):
+        assert shm_allreduce_time(1e8, n, 1e10, cores) == pytest.approx((1.5 - 0.5 / n) * 1e8 / 1e10 * n / min(n, cores))
+    assert shm_allreduce_time(1e8, 1, 1e10, 2) == 0.0
+    workers = tuple(JobWorker(w, 1e-3, 1.25e9) for w in "abcd")
+    model = JobModel("m", grad_bytes=1e8, act_bytes_per_sample=0.0)
+    cand = Candidate("allreduce", "equal", False, "fp32")
+    shm = predict(cand, model, JobCluster(workers, shared_memory=True, memcpy_speed=1e10, cores=2), 40)
+    nic = predict(cand, model, JobCluster(workers), 40)
+    assert shm.comm_s == pytest.approx((k + d / 4) * 1e8 / 2e10 * 2)  # 27.5 ms, not the ring's
+    assert nic.comm_s == pytest.approx(ring_allreduce_time(1e8, 4, 1.25e9))  # 120 ms over 10 Gbit/s NICs
+    byteps = Candidate("byteps", "equal", False, "fp32")  # summation servers: over their links, as before
+    assert predict(byteps, model, JobCluster(workers, (1.25e9,), shared_memory=True), 40).comm_s == pytest.approx(
+        predict(byteps, model, JobCluster(workers, (1.25e9,)), 40).comm_s)
+    # the plan's view of a cluster file: one node without emulated links, or links emulated
+    local = job_cluster(default_cluster(), cost_per_sample=1e-3)
+    assert local.shared_memory and local.memcpy_speed > 0 and local.cores >= 1
+    assert not job_cluster(default_cluster().with_emulation("ratelimit"), cost_per_sample=1e-3).shared_memory
+
+
 @pytest.mark.parametrize("name", ["ctr-small", "transformer-small", "cnn-small"])
 def test_bucket_count_is_the_runtimes(name):
     """The cost model's bucket count from the profile's layers is the runtime's (DDP's caps

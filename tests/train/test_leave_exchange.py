@@ -120,3 +120,47 @@ def test_a_gpu_worker_leaves_and_rejoins_under_the_cuda_standin(tmp_path, mode):
     assert "CUDA stream race" not in proc.stdout + proc.stderr
     assert [torch.load(out / f"rank{r}.pt")["device"] for r in range(3)] == ["cuda:0", "cpu", "cpu"]
     _check(out)
+
+
+def _same(got: dict, want: dict, what: str, buffers: bool = True, tol: float = 0.0) -> None:
+    """Model state (parameters, and buffers unless `buffers=False`) and momentum equal
+    (bit for bit where copied: `tol` 0)."""
+    for name, t in want["model"].items():
+        if not buffers and ("running_" in name or "num_batches" in name):
+            continue
+        torch.testing.assert_close(got["model"][name], t, rtol=tol, atol=tol, msg=f"{what}: {name}")
+    for k, (a, b) in enumerate(zip(got["momentum"], want["momentum"])):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=f"{what}: momentum of parameter {k}")
+
+
+@pytest.mark.slow
+def test_a_commit_while_a_worker_sits_out_holds_the_exchanging_workers_state_and_buffers_follow(launch, tmp_path):
+    """Worker 0 sits out of steps 1-2 and commits after step 2 (rank 0 writes a replica of
+    every commit, and the lowest rank holding the newest one is restored): both replicas
+    hold the exchanging workers' parameters and momentum, and the model's batch-norm
+    buffers, those of the rank the rejoining worker is re-synchronised from. When worker 0
+    rejoins (steps 3 and 5), its batch-norm statistics are that rank's too."""
+    from hetrain.train.checkpoint import CommitStore, loads
+    from leave_commit import COMMIT_AFTER, SETS as SCHEDULE
+
+    out = tmp_path / "state"
+    rc, log, _ = launch(str(HERE / "leave_commit.py"), str(out), cluster=small_cluster(3, 0), mode="allreduce",
+                        timeout=30, limit=300)
+    assert rc == 0, log
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    source = runs[1]["committed"]  # in every set; the lowest rank of the sets worker 0 is out of
+    assert 0 not in SCHEDULE[COMMIT_AFTER]
+    for r in (0, 2):  # every worker holds it once the commit is made (brought up to date from rank 1)
+        _same(runs[r]["committed"], source, f"rank {r} after the commit")
+    for replica in ("w0", "w1"):  # what a restart restores, whichever replica it reads
+        seq, data = CommitStore(out / "elastic", replica).newest()
+        snap = loads(data)["objects"]
+        got = {"model": snap["model"],
+               "momentum": [snap["optimizer"]["state"][k]["momentum_buffer"] for k in range(len(source["momentum"]))]}
+        _same(got, source, f"commit {seq} of replica {replica}")
+    rejoins = [s for s in range(1, len(SCHEDULE)) if 0 in SCHEDULE[s] and 0 not in SCHEDULE[s - 1]]
+    assert rejoins == [3, 5]
+    for s in rejoins:  # parameters, momentum and batch-norm buffers: the source's
+        _same(runs[0]["rejoined"][s], runs[1]["rejoined"][s], f"worker 0 rejoining at step {s}")
+    for r in (0, 2):  # (each worker's batch-norm statistics are its own samples' since the last rejoin)
+        _same(runs[r]["final"], runs[1]["final"], f"rank {r} at the end", buffers=False, tol=1e-6)
