@@ -11,14 +11,24 @@ integer program picks at most one configuration per job within each pool's capac
     subject to sum_c x_jc <= 1 (every job),  sum_jc n_c x_jc [type_c = t] <= cap_t
                x binary
 
-est_jc = seconds to finish on c (remaining work / goodput, plus the restart cost when c
-differs from the job's current configuration: the restart penalty), T_j = the same on
-the job's slowest configuration (Sia normalises each job's goodputs by its slowest one
+est_jc = seconds to finish on c (remaining work / goodput, plus the restart penalty when
+c differs from the job's current configuration), T_j = the same on the job's slowest
+configuration (Sia normalises each job's goodputs by its slowest one
 so that jobs of very different speeds compare). With p = 1 the objective is the sum
 of the jobs' completion *rates* 1/est: short jobs and large speed-ups win, as in SRPT;
 p < 1 flattens the speed-up (a job values its second GPU less than its first: Sia's
 fairness knob, p -> 0 admits the most, shortest jobs), p > 1 sharpens it. Solved with
 SciPy's HiGHS through `mckp.choose` (certified within 0.5%); `exhaustive` enumerates every choice for the tests.
+
+Without told lengths (production), the remaining work is the mean residual length under
+the distribution learned from the jobs that finished (`hetrain.sched.lengths`). The
+restart penalty of a move is the restart cost, scaled up so that the move pays it back
+within the time the new allocation is expected to hold (`HOLD_DECISIONS` of the mean
+interval between decisions: the policy re-plans at every arrival and completion, so a
+job grown into GPUs a newcomer will take back soon is not worth a restart), and a
+running job's other configurations are discounted by Pollux's re-allocation factor
+(`job.restart_factor`: a job that restarted often for its age is kept put), which
+Sia adopts too.
 """
 from __future__ import annotations
 
@@ -27,12 +37,14 @@ import itertools
 import numpy as np
 
 from ...errors import UserError
-from ..job import Alloc
+from ..job import Alloc, restart_factor
+from ..lengths import LengthModel
 from . import register
 from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
 DEFAULT_P = 0.5  # with lengths unknown the best of 1, 0.5, 0.25 on 2 of 3 three-type patterns (docs/scheduling.md)
 NODE_GPUS = 8
+HOLD_DECISIONS = 4  # a new allocation is expected to hold about this many decisions (docs/scheduling.md)
 FINE_POOL = 128
 
 
@@ -72,9 +84,14 @@ def _candidates(job, cluster, cur: Alloc | None, ckey: tuple) -> tuple[np.ndarra
     return out
 
 
-def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
+def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: np.ndarray | None = None,
+                   now: float | None = None, hold_s: float | None = None) -> Configs:
     """Every (job, type, count) a job can run on, with its value in the objective,
-    priced for all jobs at once (numpy over the concatenated candidates)."""
+    priced for all jobs at once (numpy over the concatenated candidates). `remaining`
+    (per job, its work units) replaces the jobs' own `remaining` when given; with `hold_s`
+    (seconds a new allocation is expected to hold) a move's restart cost is scaled by
+    max(1, seconds to finish there / hold_s); with `now`, a running job's other
+    configurations are discounted by its re-allocation factor (module docstring)."""
     ckey = (cluster.spec, tuple(int(c) for c in cluster.counts))
     parts = [_candidates(job, cluster, allocation.get(job.job_id), ckey) for job in jobs]
     sizes = np.array([len(c[0]) for c in parts], dtype=np.int64)
@@ -88,9 +105,16 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
     cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     penalty = np.array([j.restart_cost if j.started else 0.0 for j in jobs])
-    rem = np.array([j.remaining for j in jobs], dtype=float)
+    rem = np.array([j.remaining for j in jobs], dtype=float) if remaining is None else np.asarray(remaining, float)
     same = (ts == cur_t[jidx]) & (ns == cur_n[jidx])
-    est = np.where(same, 0.0, penalty[jidx]) + rem[jidx] / rate
+    run = rem[jidx] / rate
+    # a move pays its restart back only while the new allocation holds: charged as the
+    # restart cost times the number of hold periods the job would need there
+    pen = penalty[jidx] if hold_s is None else penalty[jidx] * np.maximum(1.0, run / hold_s)
+    est = np.where(same, 0.0, pen) + run
+    if now is not None:
+        factor = np.maximum(np.array([restart_factor(j, now) for j in jobs]), 1e-3)
+        est = np.where(same, est, est / factor[jidx])
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
     ref = np.zeros(len(jobs))
     ref[sizes > 0] = np.maximum(np.maximum.reduceat(est, starts), 1e-9)
@@ -112,10 +136,11 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
 
 
 def solve(jobs, cluster, allocation, p: float = DEFAULT_P, time_limit: float | None = None,
-          warm: Prices | None = None) -> dict[int, Alloc]:
+          warm: Prices | None = None, remaining: np.ndarray | None = None, now: float | None = None,
+          hold_s: float | None = None) -> dict[int, Alloc]:
     """The integer program above (`choose`); returns job_id -> Alloc for the jobs that run."""
     jobs = list(jobs)
-    cfg = configurations(jobs, cluster, allocation, p)
+    cfg = configurations(jobs, cluster, allocation, p, remaining, now, hold_s)
     if not len(cfg.value):
         return {}
     x = choose(cfg, len(jobs), cluster.capacity, warm) if time_limit is None else \
@@ -161,13 +186,20 @@ def goodput_policy(p: float = DEFAULT_P, name: str = "goodput"):
         raise UserError(f"the fairness knob p must be > 0, got {p}")
 
     warm = Prices()  # the last decision's GPU prices: a hint, every plan is certified anew
+    lengths = LengthModel()  # job lengths learned from the jobs seen finishing
+    times: list[float] = []  # the first and the latest decision's time, and how many decisions
 
     def policy(jobs, cluster, allocation, now):
-        return solve(jobs, cluster, allocation, p, warm=warm)
+        jobs = list(jobs)
+        lengths.observe(jobs)
+        times[:] = [times[0] if times else now, now, (times[2] if times else 0) + 1]
+        hold = HOLD_DECISIONS * (times[1] - times[0]) / (times[2] - 1) if times[1] > times[0] else None
+        return solve(jobs, cluster, allocation, p, warm=warm, remaining=lengths.remaining(jobs), now=now,
+                     hold_s=hold)
 
     policy.policy_name = name
     policy.adapts_batch = True
-    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices
+    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices or lengths
     return policy
 
 

@@ -29,22 +29,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UserError
-from ..job import Alloc
+from ..job import Alloc, restart_factor  # noqa: F401  (restart_factor: Sia's restart penalty, tests)
 from . import register
 from .goodput import _candidates
 from .mckp import DECOMPOSE_GAP, Configs, Prices, choose
 
 SIA_P = -0.5
 SIA_LAMBDA = 2.0
-
-
-def restart_factor(job, now: float) -> float:
-    """Pollux's re-allocation factor for a running job (1 for a job that never ran)."""
-    if not job.started:
-        return 1.0
-    age = max(0.0, now - job.arrival)
-    delta = max(job.restart_cost, 1e-9)
-    return max(0.0, (age - job.restarts * delta) / (age + delta))
 
 
 def sia_configurations(jobs, cluster, allocation, now: float, p: float = SIA_P, lam: float = SIA_LAMBDA) -> Configs:
