@@ -48,40 +48,42 @@ HOLD_DECISIONS = 4  # a new allocation is expected to hold about this many decis
 FINE_POOL = 128
 
 
-def _counts(job, cap: int, current: int | None) -> list[int]:
-    """Powers of two (as Sia), and in a pool of at most FINE_POOL GPUs every count up to
-    a machine's worth too (there a few GPUs left over matter)."""
-    top = min(job.max_gpus, cap)
-    fine = NODE_GPUS if cap <= FINE_POOL else 1
-    out = list(range(job.min_gpus, min(top, fine) + 1))
-    k = 2 * fine
-    while k <= top:
-        if k >= job.min_gpus:
-            out.append(k)
-        k *= 2
-    if current is not None and current <= top and current not in out:
-        out.append(current)
-    return out
-
-
-def _candidates(job, cluster, cur: Alloc | None, ckey: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(types, counts, rates) a job may run on, cached on the job: they change only when
-    its rate table (goodput on/off), the cluster or its current allocation does, so a
-    decision re-prices the jobs (their remaining work moved) without rebuilding these."""
-    key = (id(job.rates), ckey, cur)
-    cache = getattr(job, "_cands", None)
-    if cache is not None and cache[0] == key:
-        return cache[1]
-    ts, ns = [], []
+def _allowed_counts(cluster, width: int) -> np.ndarray:
+    """allowed[t, n]: n GPUs is a configuration size on type t: the powers of two (as Sia),
+    and in a pool of at most FINE_POOL GPUs every count up to a machine's worth too (there
+    a few GPUs left over matter); never more than the pool."""
+    n = np.arange(width)
+    out = np.zeros((len(cluster.counts), width), dtype=bool)
     for t, cap in enumerate(cluster.counts):
-        for n in _counts(job, int(cap), cur.n if cur is not None and cur.type == t else None):
-            if job.rates[t, n] > 0:
-                ts.append(t)
-                ns.append(n)
-    ts_a, ns_a = np.array(ts, dtype=np.int64), np.array(ns, dtype=np.int64)
-    out = (ts_a, ns_a, job.rates[ts_a, ns_a] if ts else np.zeros(0))
-    job._cands = (key, out)
+        fine = NODE_GPUS if cap <= FINE_POOL else 1
+        ratio = n // fine
+        power = (n % fine == 0) & (ratio > 0) & ((ratio & (ratio - 1)) == 0)
+        out[t] = (((n >= 1) & (n <= fine)) | power) & (n <= cap)
     return out
+
+
+def candidates(jobs, cluster, allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(job index, type, count, rate) of every configuration the jobs may run on: an
+    allowed count (`_allowed_counts`) within the job's bounds where it has a measured rate,
+    and its current allocation; built for all jobs at once over a dense rates[job, type,
+    count] table (one numpy pass instead of a loop per job and type: on 2,000 jobs the
+    loops were a fifth of a cold decision)."""
+    nj, nt = len(jobs), len(cluster.names)
+    width = max(j.rates.shape[1] for j in jobs)
+    rates = np.zeros((nj, nt, width))
+    for i, j in enumerate(jobs):
+        rates[i, :, :j.rates.shape[1]] = j.rates
+    n = np.arange(width)
+    lo = np.array([j.min_gpus for j in jobs])[:, None, None]
+    hi = np.array([j.max_gpus for j in jobs])[:, None, None]
+    ok = _allowed_counts(cluster, width)[None] & (n >= lo) & (n <= hi)
+    cur = [(i, a.type, a.n) for i, j in enumerate(jobs) if (a := allocation.get(j.job_id)) is not None]
+    if cur:  # staying put is always an option
+        ci, ct, cn = (np.array(x, dtype=np.int64) for x in zip(*cur))
+        ok[ci, ct, cn] |= cn <= np.minimum(hi[ci, 0, 0], np.asarray(cluster.counts)[ct])
+    ok &= rates > 0
+    jidx, ts, ns = np.nonzero(ok)
+    return jidx, ts, ns, rates[jidx, ts, ns]
 
 
 def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: np.ndarray | None = None,
@@ -92,16 +94,13 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: n
     (seconds a new allocation is expected to hold) a move's restart cost is scaled by
     max(1, seconds to finish there / hold_s); with `now`, a running job's other
     configurations are discounted by its re-allocation factor (module docstring)."""
-    ckey = (cluster.spec, tuple(int(c) for c in cluster.counts))
-    parts = [_candidates(job, cluster, allocation.get(job.job_id), ckey) for job in jobs]
-    sizes = np.array([len(c[0]) for c in parts], dtype=np.int64)
-    if not sizes.sum():
-        e = np.zeros(0, dtype=np.int64)
+    e = np.zeros(0, dtype=np.int64)
+    if not jobs:
         return Configs(e, e, e, np.zeros(0))
-    jidx = np.repeat(np.arange(len(jobs)), sizes)
-    ts = np.concatenate([c[0] for c in parts])
-    ns = np.concatenate([c[1] for c in parts])
-    rate = np.concatenate([c[2] for c in parts])
+    jidx, ts, ns, rate = candidates(jobs, cluster, allocation)
+    if not len(jidx):
+        return Configs(e, e, e, np.zeros(0))
+    sizes = np.bincount(jidx, minlength=len(jobs))
     cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     penalty = np.array([j.restart_cost if j.started else 0.0 for j in jobs])
