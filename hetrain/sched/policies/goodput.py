@@ -33,12 +33,14 @@ Sia adopts too.
 from __future__ import annotations
 
 import itertools
+import sys
+from typing import Literal
 
 import numpy as np
 
 from ...errors import UserError
 from ..job import Alloc, restart_factor
-from ..lengths import LengthModel
+from ..lengths import MIN_FINISHED, LengthModel
 from . import register
 from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
@@ -179,26 +181,39 @@ def exhaustive(jobs, cluster, allocation, p: float = DEFAULT_P) -> tuple[float, 
     return best, best_plan
 
 
-def goodput_policy(p: float = DEFAULT_P, name: str = "goodput"):
-    """A goodput policy with fairness knob p (> 0), flagged to run jobs at their best batch."""
+Lengths = Literal["learned", "prior"]
+
+
+def goodput_policy(p: float = DEFAULT_P, name: str = "goodput", lengths: Lengths = "learned",
+                   hold_decisions: float | None = HOLD_DECISIONS, realloc: bool = True):
+    """A goodput policy with fairness knob p (> 0), flagged to run jobs at their best batch.
+    The other arguments exist for the ablations (bench/sched_ablation.py): `lengths`
+    "prior" keeps the simulator's prior rule instead of the learned mean residual,
+    `hold_decisions` None charges a move its restart cost once, `realloc` False drops
+    Pollux's re-allocation factor."""
     if not p > 0:
         raise UserError(f"the fairness knob p must be > 0, got {p}")
+    if hold_decisions is not None and not hold_decisions > 0:
+        raise UserError(f"hold_decisions must be > 0 (or None), got {hold_decisions}")
 
     warm = Prices()  # the last decision's GPU prices: a hint, every plan is certified anew
-    lengths = LengthModel()  # job lengths learned from the jobs seen finishing
+    model = LengthModel(min_finished=MIN_FINISHED if lengths == "learned" else sys.maxsize)
     times: list[float] = []  # the first and the latest decision's time, and how many decisions
 
     def policy(jobs, cluster, allocation, now):
         jobs = list(jobs)
-        lengths.observe(jobs)
+        model.observe(jobs)
         times[:] = [times[0] if times else now, now, (times[2] if times else 0) + 1]
-        hold = HOLD_DECISIONS * (times[1] - times[0]) / (times[2] - 1) if times[1] > times[0] else None
-        return solve(jobs, cluster, allocation, p, warm=warm, remaining=lengths.remaining(jobs), now=now,
-                     hold_s=hold)
+        hold = None
+        if hold_decisions is not None and times[1] > times[0]:  # the mean interval between decisions
+            hold = hold_decisions * (times[1] - times[0]) / (times[2] - 1)
+        return solve(jobs, cluster, allocation, p, warm=warm, remaining=model.remaining(jobs),
+                     now=now if realloc else None, hold_s=hold)
 
     policy.policy_name = name
     policy.adapts_batch = True
-    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices or lengths
+    # the same policy without carried prices or lengths
+    policy.fresh = lambda: goodput_policy(p, name, lengths, hold_decisions, realloc)
     return policy
 
 
