@@ -110,3 +110,32 @@ def test_a_move_must_pay_its_restart_back_within_the_hold():
     # Pollux's re-allocation factor: a job that restarted often for its age stays put
     job.restarts = 50
     assert gain(configurations([job], cluster, now, now=job.arrival + 600.0)) < gain(free)
+
+
+@pytest.mark.parametrize("tail", ["light", "heavy"])
+def test_learned_lengths_order_the_jobs_by_the_tail(tail):
+    """One GPU, two waiting jobs that have run before: one has done 1.5 h of work, one
+    0.1 h. Past jobs took 2 h each (light tail): the older one is nearly done and gets
+    the GPU. Past jobs' lengths spread from minutes to weeks (heavy tail): the one that
+    has run long is likely to run much longer, and the younger one gets it."""
+    from hetrain.perf.jobs import TableCurve
+    from hetrain.sched.cluster import gpu_pools
+    from hetrain.sched.job import make_job
+    from hetrain.sched.policies.goodput import solve
+
+    cluster = gpu_pools(("v100",), (1,))
+    curve = TableCurve({"v100": {1: 1.0}})  # one work unit per second: sizes in seconds
+    old, young = (make_job(i, f"j{i}", 0.0, 100 * 3600.0, curve, cluster) for i in range(2))
+    old.attained, young.attained = 1.5 * 3600, 0.1 * 3600
+    for j in (old, young):
+        j.started, j.restarts = True, 0
+        j.remaining = max(j.attained, 3600.0)  # the prior rule: as much again as done
+    model = LengthModel(min_finished=3)
+    rng = np.random.default_rng(0)
+    model.finished = list(rng.uniform(1.9, 2.1, 50) * 3600 if tail == "light" else
+                          (rng.pareto(0.8, 400) + 1.0) * 0.05 * 3600)
+    rem = model.remaining([old, young])
+    plan = solve([old, young], cluster, {}, remaining=rem)
+    assert plan == {(old if tail == "light" else young).job_id: (0, 1)}
+    # the prior rule alone (least attained service first) always picks the young one
+    assert solve([old, young], cluster, {}) == {young.job_id: (0, 1)}
