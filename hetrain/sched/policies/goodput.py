@@ -109,16 +109,19 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: n
     rem = np.array([j.remaining for j in jobs], dtype=float) if remaining is None else np.asarray(remaining, float)
     same = (ts == cur_t[jidx]) & (ns == cur_n[jidx])
     run = rem[jidx] / rate
-    # a move pays its restart back only while the new allocation holds: charged as the
-    # restart cost times the number of hold periods the job would need there
-    pen = penalty[jidx] if hold_s is None else penalty[jidx] * np.maximum(1.0, run / hold_s)
-    est = np.where(same, 0.0, pen) + run
-    if now is not None:
-        factor = np.maximum(np.array([restart_factor(j, now) for j in jobs]), 1e-3)
-        est = np.where(same, est, est / factor[jidx])
+    est = np.where(same, 0.0, penalty[jidx]) + run
+    # T_j, the reference, on the plain estimates: what follows only makes moves dearer and
+    # must not also lower the value of staying put (a larger T_j would)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
     ref = np.zeros(len(jobs))
     ref[sizes > 0] = np.maximum(np.maximum.reduceat(est, starts), 1e-9)
+    if hold_s is not None:
+        # a move pays its restart back only while the new allocation holds: charged as the
+        # restart cost times the number of hold periods the job would need there
+        est = np.where(same, est, run + penalty[jidx] * np.maximum(1.0, run / hold_s))
+    if now is not None:
+        factor = np.maximum(np.array([restart_factor(j, now) for j in jobs]), 1e-3)
+        est = np.where(same, est, est / factor[jidx])
     val = (ref[jidx] / np.maximum(est, 1e-9)) ** p / ref[jidx]
     # a count worth no more than a smaller one on the same type only takes GPUs: drop it.
     # Within each (job, type) group in count order keep a column only if it beats every
