@@ -1,7 +1,8 @@
 """Benchmark of the cluster job scheduler: average JCT of every policy on synthetic
-patterns and Gavel traces, on a homogeneous and a three-type cluster; hetrain's default
-policy (adaptive) and the paper's doubling against fifo, the srtf peer, the Gavel peer
-and the per-decision optimum (the integer program solved exactly at every decision,
+patterns, Gavel traces and (--traces) production traces, on a homogeneous and a
+three-type cluster, job lengths unknown to every policy but the oracle yardsticks;
+hetrain's default policy (goodput) and the paper's doubling against fifo, the srtf
+peer, the Gavel peer, the sia peer, adaptive and the per-decision optimum (the integer program solved exactly at every decision,
 over the jobs the arrival-order (optimal) or the SRPT-order (optimal-srpt) admission
 lets in); the scale test (1,000+ trace jobs on 900 GPUs); and the executor's workload
 run for real on the local executor and on a Ray cluster (three Ray nodes on this host,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError  # dependency-free: perf stays numpy-only
+from ..quiet import quiet_stdout  # likewise: HiGHS's C-level prints kept off stdout
 
 
 def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
@@ -159,8 +160,9 @@ def optimal_split(nbytes: float, worker_bw: np.ndarray, cpu_bw: np.ndarray) -> S
         b_ub.append(0.0)
     a_eq = np.zeros((1, nv))
     a_eq[0, : n + k] = 1.0
-    res = linprog(cost, A_ub=np.array(a_ub), b_ub=np.array(b_ub), A_eq=a_eq, b_eq=[1.0],
-                  bounds=[(0, None)] * nv, method="highs")
+    with quiet_stdout():
+        res = linprog(cost, A_ub=np.array(a_ub), b_ub=np.array(b_ub), A_eq=a_eq, b_eq=[1.0],
+                      bounds=[(0, None)] * nv, method="highs")
     if res.status != 0:  # pragma: no cover - the LP is always feasible and bounded
         raise RuntimeError(f"split LP failed: {res.message}")
     x = np.clip(res.x, 0.0, None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..perf.pipeline import StageTables, Workload
+from ..quiet import quiet_stdout
 from .base import Planner, Problem, register
 
 
@@ -174,8 +175,9 @@ def chain_milp(tables: StageTables, w: Workload, time_limit: float = 60.0,
             lo.append(0.0); hi.append(float(w.count[r])); row += 1
     A = coo_matrix((vals, (rows, cols)), shape=(row, n)).tocsr()
     scale = max(float(np.max(cost)), 1e-12)
-    res = milp(cost / scale, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(n),
-               bounds=Bounds(0, 1), options={"time_limit": time_limit, "mip_rel_gap": 0.0, "disp": False})
+    with quiet_stdout():  # HiGHS prints some lines from C whatever "disp" says
+        res = milp(cost / scale, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(n),
+                   bounds=Bounds(0, 1), options={"time_limit": time_limit, "mip_rel_gap": 0.0, "disp": False})
     if res.x is None:
         return np.inf, None, f"HiGHS: {res.message}"
     y = np.round(res.x).astype(bool)

@@ -126,6 +126,8 @@ class _WorkloadRun:
     def __init__(self, specs: list[RealJobSpec], cluster: Inventory, policy, workdir: str | Path,
                  backend: Backend, speeds: dict[str, float] | None, restart_cost: float, log) -> None:
         self.pol = get_policy(policy) if isinstance(policy, str) else policy
+        if hasattr(self.pol, "fresh"):
+            self.pol = self.pol.fresh()  # no state (GPU prices, learned lengths) from an earlier run
         self.policy_name = getattr(self.pol, "policy_name", getattr(self.pol, "__name__", str(policy)))
         self.speeds = {t: 1.0 for t in cluster.names} | dict(speeds or {})
         if any(not self.speeds[t] > 0 for t in cluster.names):
@@ -173,6 +175,7 @@ class _WorkloadRun:
             r.predicted.setdefault((t, a.n), r.prior.step_time(t, a.n))
         if not r.first_launch:
             r.restarts += 1
+            r.job.restarts += 1  # what the policy sees (Sia's restart penalty reads it)
         r.job.started = True
 
     def refit(self, r: JobRun) -> None:
@@ -210,6 +213,7 @@ class _WorkloadRun:
             code = 0  # it had finished when a late stop request reached it (its last commit says done)
         if code == 0:
             r.finish = self.now()
+            r.job.attained = float(r.spec.steps)  # a finished job's length is known from now on
             self.finish_costs.append(max(0.0, time.time() - read_progress(r.dir).time))
             self.active.remove(r)
             self.alloc.pop(r.job.job_id, None)
@@ -263,7 +267,9 @@ class _WorkloadRun:
         whose allocation changed (it restarts at the new one once its ranks exit)."""
         t_dec = time.perf_counter()
         for r in self.active:
-            r.job.remaining = max(0.0, r.spec.steps - read_progress(r.dir).work)
+            r.job.attained = min(float(r.spec.steps), read_progress(r.dir).work)
+            r.job.remaining = max(0.0, r.spec.steps - r.job.attained)
+            r.job.length_known = True  # a RealJobSpec declares its steps, and the executor tells them
             self.refit(r)
         jobs = [r.job for r in self.active]
         new = self.pol(jobs, self.cluster, dict(self.alloc), now)

@@ -42,6 +42,8 @@ class Job:
     started: bool = False         # has run before: a new size costs a restart
     restarts: int = 0             # restarts so far (Sia's restart penalty reads it)
     estimate: float | None = None  # the user's estimate of the total work, if any (lengths unknown)
+    attained: float = 0.0         # work done so far (all of it once finished): what a scheduler observes
+    length_known: bool = False    # `remaining` is the truth (told), not an estimate
     start_cost: float = 0.0       # seconds before the first step of a cold start
     # seconds the job has held GPUs of each type (kept by the simulator and the executor;
     # Gavel's round-based mechanism compares it with the time shares its LP asks for)
@@ -110,6 +112,18 @@ def length_estimate(job: Job, done: float) -> float:
     if job.estimate is not None and job.estimate > done:
         return float(job.estimate - done)
     return max(float(done), prior, 1e-9)
+
+
+def restart_factor(job: Job, now: float) -> float:
+    """Pollux's re-allocation factor (OSDI '21), which Sia adopts: a running job's value on
+    any configuration but its current one is scaled by max(0, (age - restarts x delta) /
+    (age + delta)), delta its restart cost, so a young or often-restarted job is kept put
+    (1 for a job that never ran)."""
+    if not job.started:
+        return 1.0
+    age = max(0.0, now - job.arrival)
+    delta = max(job.restart_cost, 1e-9)
+    return max(0.0, (age - job.restarts * delta) / (age + delta))
 
 
 def use_goodput(jobs, on: bool) -> None:

@@ -71,6 +71,7 @@ def _reset_jobs(jobs: Sequence[Job], cluster: Inventory, pol: Policy) -> None:
     for j in jobs:
         j.started = False
         j.restarts = 0
+        j.attained = 0.0
         j.service_s = np.zeros(len(cluster.names))
 
 
@@ -120,6 +121,7 @@ def _retire(done: np.ndarray, now: float, jobs: Sequence[Job], alloc: Allocation
         rem[i] = 0.0
         finish[i] = now
         active.discard(i)
+        jobs[i].attained = jobs[i].work  # a finished job's length is known from now on
         a = alloc.pop(jobs[i].job_id, None)
         if a is not None:
             used[a.type] -= a.n
@@ -138,6 +140,8 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
     its true remaining work, unless it is flagged `oracle` (srtf and the per-decision
     optima: yardsticks that are told). "known" tells every policy."""
     pol = get_policy(policy) if isinstance(policy, str) else policy
+    if hasattr(pol, "fresh"):
+        pol = pol.fresh()  # no state (GPU prices, learned lengths) carried over from another run
     name = policy if isinstance(policy, str) else getattr(policy, "policy_name", getattr(policy, "__name__", "?"))
     t_wall = time.perf_counter()
     n = len(jobs)
@@ -203,7 +207,9 @@ def simulate(jobs: Sequence[Job], cluster: Inventory, policy: Policy | str, prog
         act_jobs = [jobs[i] for i in active]
         for j in act_jobs:
             left = float(rem[idx_of[j.job_id]])
-            j.remaining = left if told else length_estimate(j, j.work - left)
+            j.attained = j.work - left
+            j.length_known = told
+            j.remaining = left if told else length_estimate(j, j.attained)
         t_dec = time.perf_counter()
         new = pol(act_jobs, cluster, alloc, now)
         decision_s += time.perf_counter() - t_dec

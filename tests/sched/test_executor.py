@@ -74,9 +74,13 @@ def test_stopped_and_resumed_job_matches_uninterrupted_run(tmp_path):
     assert not torch.allclose(a["model"]["0.weight"], mid["model"]["0.weight"])
 
 
+SEEN_RESTARTS: list[int] = []  # each job's restart count as the test policy was shown it
+
+
 def grow_once_running(jobs, cluster, allocation, now):
     """One GPU per job until it has made progress, then two: every job is resized once while
     running, decided at a round boundary whatever the host's speed (test policy)."""
+    SEEN_RESTARTS.extend(j.restarts for j in jobs)
     return {j.job_id: Alloc(0, 2 if j.remaining < j.work else 1) for j in jobs}
 
 
@@ -85,12 +89,15 @@ grow_once_running.round_s = 1.0
 
 @pytest.mark.slow
 def test_executor_runs_workload_and_measures_restarts(tmp_path):
+    SEEN_RESTARTS.clear()
     specs = [RealJobSpec("a", 0.0, 12, 0.3, seed=1)]
     log = []
     out = compare("cpu:2", grow_once_running, tmp_path, specs=specs, log=log.append)
     real = out["real"]
     assert set(real["jct_s"]) == {"a"} and real["jct_s"]["a"] > 0
     assert real["restarts"] == 1 and len(real["restart_costs_s"]) == 1 and real["restart_costs_s"][0] > 0, log
+    # the policy is shown the restart too (Sia's restart penalty reads Job.restarts)
+    assert SEEN_RESTARTS[0] == 0 and max(SEEN_RESTARTS) == 1
     assert any("job a: 1 cpu -> 2 cpu (stop/restart)" in line for line in log), log
     # the policy planned on curves fitted to what the workers reported at both sizes
     assert {r["gpus"] for r in real["step_times"]} == {1, 2}

@@ -136,7 +136,7 @@ def test_goodput_policy_prefers_a_short_job_and_charges_restarts():
     # a running job on 1 of 2 GPUs: growing to 2 saves 9.5 s of its 20, less than a 30 s restart
     two = gpu_pools(("v100",), (2,))
     job = make_job(0, "j", 0.0, 20.0, TableCurve({"v100": {1: 1.0, 2: 1.9}}), two, restart_cost=30.0)
-    job.started = True
-    assert pol([job], two, {0: Alloc(0, 1)}, 0.0) == {0: Alloc(0, 1)}
+    job.started = True  # and has run 100 s (Pollux's re-allocation factor keeps a job of age 0 put)
+    assert pol.fresh()([job], two, {0: Alloc(0, 1)}, 100.0) == {0: Alloc(0, 1)}
     job.restart_cost = 1.0
-    assert pol([job], two, {0: Alloc(0, 1)}, 0.0) == {0: Alloc(0, 2)}
+    assert pol.fresh()([job], two, {0: Alloc(0, 1)}, 100.0) == {0: Alloc(0, 2)}

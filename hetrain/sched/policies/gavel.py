@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..job import Alloc
-from ..quiet import quiet_stdout
+from ...quiet import quiet_stdout
 from . import register
 
 ROUND_S = 360.0

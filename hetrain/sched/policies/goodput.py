@@ -11,89 +11,117 @@ integer program picks at most one configuration per job within each pool's capac
     subject to sum_c x_jc <= 1 (every job),  sum_jc n_c x_jc [type_c = t] <= cap_t
                x binary
 
-est_jc = seconds to finish on c (remaining work / goodput, plus the restart cost when c
-differs from the job's current configuration: the restart penalty), T_j = the same on
-the job's slowest configuration (Sia normalises each job's goodputs by its slowest one
+est_jc = seconds to finish on c (remaining work / goodput, plus the restart penalty when
+c differs from the job's current configuration), T_j = the same on the job's slowest
+configuration (Sia normalises each job's goodputs by its slowest one
 so that jobs of very different speeds compare). With p = 1 the objective is the sum
 of the jobs' completion *rates* 1/est: short jobs and large speed-ups win, as in SRPT;
 p < 1 flattens the speed-up (a job values its second GPU less than its first: Sia's
 fairness knob, p -> 0 admits the most, shortest jobs), p > 1 sharpens it. Solved with
 SciPy's HiGHS through `mckp.choose` (certified within 0.5%); `exhaustive` enumerates every choice for the tests.
+
+Without told lengths (production), the remaining work is the mean residual length under
+the distribution learned from the jobs that finished (`hetrain.sched.lengths`). The
+restart penalty of a move is the restart cost, scaled up so that the move pays it back
+within the time the new allocation is expected to hold (`HOLD_DECISIONS` of the mean
+interval between decisions: the policy re-plans at every arrival and completion, so a
+job grown into GPUs a newcomer will take back soon is not worth a restart), and a
+running job's other configurations are discounted by Pollux's re-allocation factor
+(`job.restart_factor`: a job that restarted often for its age is kept put), which
+Sia adopts too.
 """
 from __future__ import annotations
 
 import itertools
+import sys
+from typing import Literal
 
 import numpy as np
 
 from ...errors import UserError
-from ..job import Alloc
+from ..job import Alloc, restart_factor
+from ..lengths import MIN_FINISHED, LengthModel
 from . import register
 from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
 DEFAULT_P = 0.5  # with lengths unknown the best of 1, 0.5, 0.25 on 2 of 3 three-type patterns (docs/scheduling.md)
 NODE_GPUS = 8
+HOLD_DECISIONS = 4  # a new allocation is expected to hold about this many decisions (docs/scheduling.md)
 FINE_POOL = 128
 
 
-def _counts(job, cap: int, current: int | None) -> list[int]:
-    """Powers of two (as Sia), and in a pool of at most FINE_POOL GPUs every count up to
-    a machine's worth too (there a few GPUs left over matter)."""
-    top = min(job.max_gpus, cap)
-    fine = NODE_GPUS if cap <= FINE_POOL else 1
-    out = list(range(job.min_gpus, min(top, fine) + 1))
-    k = 2 * fine
-    while k <= top:
-        if k >= job.min_gpus:
-            out.append(k)
-        k *= 2
-    if current is not None and current <= top and current not in out:
-        out.append(current)
-    return out
-
-
-def _candidates(job, cluster, cur: Alloc | None, ckey: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(types, counts, rates) a job may run on, cached on the job: they change only when
-    its rate table (goodput on/off), the cluster or its current allocation does, so a
-    decision re-prices the jobs (their remaining work moved) without rebuilding these."""
-    key = (id(job.rates), ckey, cur)
-    cache = getattr(job, "_cands", None)
-    if cache is not None and cache[0] == key:
-        return cache[1]
-    ts, ns = [], []
+def _allowed_counts(cluster, width: int) -> np.ndarray:
+    """allowed[t, n]: n GPUs is a configuration size on type t: the powers of two (as Sia),
+    and in a pool of at most FINE_POOL GPUs every count up to a machine's worth too (there
+    a few GPUs left over matter); never more than the pool."""
+    n = np.arange(width)
+    out = np.zeros((len(cluster.counts), width), dtype=bool)
     for t, cap in enumerate(cluster.counts):
-        for n in _counts(job, int(cap), cur.n if cur is not None and cur.type == t else None):
-            if job.rates[t, n] > 0:
-                ts.append(t)
-                ns.append(n)
-    ts_a, ns_a = np.array(ts, dtype=np.int64), np.array(ns, dtype=np.int64)
-    out = (ts_a, ns_a, job.rates[ts_a, ns_a] if ts else np.zeros(0))
-    job._cands = (key, out)
+        fine = NODE_GPUS if cap <= FINE_POOL else 1
+        ratio = n // fine
+        power = (n % fine == 0) & (ratio > 0) & ((ratio & (ratio - 1)) == 0)
+        out[t] = (((n >= 1) & (n <= fine)) | power) & (n <= cap)
     return out
 
 
-def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
+def candidates(jobs, cluster, allocation) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(job index, type, count, rate) of every configuration the jobs may run on: an
+    allowed count (`_allowed_counts`) within the job's bounds where it has a measured rate,
+    and its current allocation; built for all jobs at once over a dense rates[job, type,
+    count] table (one numpy pass instead of a loop per job and type: on 2,000 jobs the
+    loops were a fifth of a cold decision)."""
+    nj, nt = len(jobs), len(cluster.names)
+    width = max(j.rates.shape[1] for j in jobs)
+    rates = np.zeros((nj, nt, width))
+    for i, j in enumerate(jobs):
+        rates[i, :, :j.rates.shape[1]] = j.rates
+    n = np.arange(width)
+    lo = np.array([j.min_gpus for j in jobs])[:, None, None]
+    hi = np.array([j.max_gpus for j in jobs])[:, None, None]
+    ok = _allowed_counts(cluster, width)[None] & (n >= lo) & (n <= hi)
+    cur = [(i, a.type, a.n) for i, j in enumerate(jobs) if (a := allocation.get(j.job_id)) is not None]
+    if cur:  # staying put is always an option
+        ci, ct, cn = (np.array(x, dtype=np.int64) for x in zip(*cur))
+        ok[ci, ct, cn] |= cn <= np.minimum(hi[ci, 0, 0], np.asarray(cluster.counts)[ct])
+    ok &= rates > 0
+    jidx, ts, ns = np.nonzero(ok)
+    return jidx, ts, ns, rates[jidx, ts, ns]
+
+
+def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: np.ndarray | None = None,
+                   now: float | None = None, hold_s: float | None = None) -> Configs:
     """Every (job, type, count) a job can run on, with its value in the objective,
-    priced for all jobs at once (numpy over the concatenated candidates)."""
-    ckey = (cluster.spec, tuple(int(c) for c in cluster.counts))
-    parts = [_candidates(job, cluster, allocation.get(job.job_id), ckey) for job in jobs]
-    sizes = np.array([len(c[0]) for c in parts], dtype=np.int64)
-    if not sizes.sum():
-        e = np.zeros(0, dtype=np.int64)
+    priced for all jobs at once (numpy over the concatenated candidates). `remaining`
+    (per job, its work units) replaces the jobs' own `remaining` when given; with `hold_s`
+    (seconds a new allocation is expected to hold) a move's restart cost is scaled by
+    max(1, seconds to finish there / hold_s); with `now`, a running job's other
+    configurations are discounted by its re-allocation factor (module docstring)."""
+    e = np.zeros(0, dtype=np.int64)
+    if not jobs:
         return Configs(e, e, e, np.zeros(0))
-    jidx = np.repeat(np.arange(len(jobs)), sizes)
-    ts = np.concatenate([c[0] for c in parts])
-    ns = np.concatenate([c[1] for c in parts])
-    rate = np.concatenate([c[2] for c in parts])
+    jidx, ts, ns, rate = candidates(jobs, cluster, allocation)
+    if not len(jidx):
+        return Configs(e, e, e, np.zeros(0))
+    sizes = np.bincount(jidx, minlength=len(jobs))
     cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     penalty = np.array([j.restart_cost if j.started else 0.0 for j in jobs])
-    rem = np.array([j.remaining for j in jobs], dtype=float)
+    rem = np.array([j.remaining for j in jobs], dtype=float) if remaining is None else np.asarray(remaining, float)
     same = (ts == cur_t[jidx]) & (ns == cur_n[jidx])
-    est = np.where(same, 0.0, penalty[jidx]) + rem[jidx] / rate
+    run = rem[jidx] / rate
+    est = np.where(same, 0.0, penalty[jidx]) + run
+    # T_j, the reference, on the plain estimates: what follows only makes moves dearer and
+    # must not also lower the value of staying put (a larger T_j would)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])[sizes > 0]
     ref = np.zeros(len(jobs))
     ref[sizes > 0] = np.maximum(np.maximum.reduceat(est, starts), 1e-9)
+    if hold_s is not None:
+        # a move pays its restart back only while the new allocation holds: charged as the
+        # restart cost times the number of hold periods the job would need there
+        est = np.where(same, est, run + penalty[jidx] * np.maximum(1.0, run / hold_s))
+    if now is not None:
+        factor = np.maximum(np.array([restart_factor(j, now) for j in jobs]), 1e-3)
+        est = np.where(same, est, est / factor[jidx])
     val = (ref[jidx] / np.maximum(est, 1e-9)) ** p / ref[jidx]
     # a count worth no more than a smaller one on the same type only takes GPUs: drop it.
     # Within each (job, type) group in count order keep a column only if it beats every
@@ -112,10 +140,11 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P) -> Configs:
 
 
 def solve(jobs, cluster, allocation, p: float = DEFAULT_P, time_limit: float | None = None,
-          warm: Prices | None = None) -> dict[int, Alloc]:
+          warm: Prices | None = None, remaining: np.ndarray | None = None, now: float | None = None,
+          hold_s: float | None = None) -> dict[int, Alloc]:
     """The integer program above (`choose`); returns job_id -> Alloc for the jobs that run."""
     jobs = list(jobs)
-    cfg = configurations(jobs, cluster, allocation, p)
+    cfg = configurations(jobs, cluster, allocation, p, remaining, now, hold_s)
     if not len(cfg.value):
         return {}
     x = choose(cfg, len(jobs), cluster.capacity, warm) if time_limit is None else \
@@ -155,19 +184,39 @@ def exhaustive(jobs, cluster, allocation, p: float = DEFAULT_P) -> tuple[float, 
     return best, best_plan
 
 
-def goodput_policy(p: float = DEFAULT_P, name: str = "goodput"):
-    """A goodput policy with fairness knob p (> 0), flagged to run jobs at their best batch."""
+Lengths = Literal["learned", "prior"]
+
+
+def goodput_policy(p: float = DEFAULT_P, name: str = "goodput", lengths: Lengths = "learned",
+                   hold_decisions: float | None = HOLD_DECISIONS, realloc: bool = True):
+    """A goodput policy with fairness knob p (> 0), flagged to run jobs at their best batch.
+    The other arguments exist for the ablations (bench/sched_ablation.py): `lengths`
+    "prior" keeps the simulator's prior rule instead of the learned mean residual,
+    `hold_decisions` None charges a move its restart cost once, `realloc` False drops
+    Pollux's re-allocation factor."""
     if not p > 0:
         raise UserError(f"the fairness knob p must be > 0, got {p}")
+    if hold_decisions is not None and not hold_decisions > 0:
+        raise UserError(f"hold_decisions must be > 0 (or None), got {hold_decisions}")
 
     warm = Prices()  # the last decision's GPU prices: a hint, every plan is certified anew
+    model = LengthModel(min_finished=MIN_FINISHED if lengths == "learned" else sys.maxsize)
+    times: list[float] = []  # the first and the latest decision's time, and how many decisions
 
     def policy(jobs, cluster, allocation, now):
-        return solve(jobs, cluster, allocation, p, warm=warm)
+        jobs = list(jobs)
+        model.observe(jobs)
+        times[:] = [times[0] if times else now, now, (times[2] if times else 0) + 1]
+        hold = None
+        if hold_decisions is not None and times[1] > times[0]:  # the mean interval between decisions
+            hold = hold_decisions * (times[1] - times[0]) / (times[2] - 1)
+        return solve(jobs, cluster, allocation, p, warm=warm, remaining=model.remaining(jobs),
+                     now=now if realloc else None, hold_s=hold)
 
     policy.policy_name = name
     policy.adapts_batch = True
-    policy.fresh = lambda: goodput_policy(p, name)  # the same policy without carried prices
+    # the same policy without carried prices or lengths
+    policy.fresh = lambda: goodput_policy(p, name, lengths, hold_decisions, realloc)
     return policy
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..quiet import quiet_stdout
+from ...quiet import quiet_stdout
 
 MIP_GAP = 1e-4  # relative optimality gap HiGHS stops at
 OPEN_JOBS = 48  # jobs re-placed when the fractional ones alone are not enough

@@ -4,7 +4,7 @@ type, count) configuration, valued by goodput alone (Sia is not told job lengths
 
 - **Goodput** G_jc of job j on configuration c: the Pollux goodput at the best batch
   (`hetrain.perf.goodput`, bootstrapped from one-GPU profiles per type; the same table
-  the default policy reads), counts as the default's (`goodput._counts`).
+  the default policy reads), counts as the default's (`goodput.candidates`).
 - **Normalisation**: G'_jc = G_jc / min_c G_jc (each job's goodputs relative to its
   slowest configuration, so jobs of different speeds compare).
 - **Restart penalty**: a configuration other than a running job's current one is worth
@@ -29,50 +29,39 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UserError
-from ..job import Alloc
+from ..job import Alloc, restart_factor  # noqa: F401  (restart_factor: Sia's restart penalty, tests)
 from . import register
-from .goodput import _candidates
+from .goodput import candidates
 from .mckp import DECOMPOSE_GAP, Configs, Prices, choose
 
 SIA_P = -0.5
 SIA_LAMBDA = 2.0
 
 
-def restart_factor(job, now: float) -> float:
-    """Pollux's re-allocation factor for a running job (1 for a job that never ran)."""
-    if not job.started:
-        return 1.0
-    age = max(0.0, now - job.arrival)
-    delta = max(job.restart_cost, 1e-9)
-    return max(0.0, (age - job.restarts * delta) / (age + delta))
-
-
 def sia_configurations(jobs, cluster, allocation, now: float, p: float = SIA_P, lam: float = SIA_LAMBDA) -> Configs:
-    """Every configuration with its value in Sia's objective (see the module docstring)."""
-    ckey = (cluster.spec, tuple(int(c) for c in cluster.counts))
-    cj, ct, cn, cv = [], [], [], []
-    for i, job in enumerate(jobs):
-        cur = allocation.get(job.job_id)
-        ts, ns, good = _candidates(job, cluster, cur, ckey)
-        if not len(ts):
-            continue
-        norm = good / good.min()
-        same = (ts == cur.type) & (ns == cur.n) if cur is not None else np.zeros(len(ts), dtype=bool)
-        norm = np.where(same, norm, norm * restart_factor(job, now))
-        if p < 0:
-            with np.errstate(divide="ignore"):
-                val = lam - np.where(norm > 0, norm, 1e-12) ** p
-        else:
-            val = norm ** p + lam
-        ok = val > 0
-        cj.append(np.full(int(ok.sum()), i))
-        ct.append(ts[ok])
-        cn.append(ns[ok])
-        cv.append(val[ok])
-    if not cj:
-        e = np.zeros(0, dtype=np.int64)
+    """Every configuration with its value in Sia's objective (see the module docstring),
+    for all jobs at once."""
+    e = np.zeros(0, dtype=np.int64)
+    if not jobs:
         return Configs(e, e, e, np.zeros(0))
-    return Configs(np.concatenate(cj), np.concatenate(ct), np.concatenate(cn), np.concatenate(cv))
+    jidx, ts, ns, good = candidates(jobs, cluster, allocation)
+    if not len(jidx):
+        return Configs(e, e, e, np.zeros(0))
+    low = np.full(len(jobs), np.inf)
+    np.minimum.at(low, jidx, good)
+    norm = good / low[jidx]
+    cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
+    cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
+    same = (ts == cur_t[jidx]) & (ns == cur_n[jidx])
+    factor = np.array([restart_factor(j, now) for j in jobs])
+    norm = np.where(same, norm, norm * factor[jidx])
+    if p < 0:
+        with np.errstate(divide="ignore"):
+            val = lam - np.where(norm > 0, norm, 1e-12) ** p
+    else:
+        val = norm ** p + lam
+    ok = val > 0
+    return Configs(jidx[ok], ts[ok], ns[ok], val[ok])
 
 
 def sia_policy(p: float = SIA_P, lam: float = SIA_LAMBDA, name: str = "sia", gap: float = DECOMPOSE_GAP):

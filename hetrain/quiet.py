@@ -7,7 +7,9 @@ Python's `sys.stdout` never sees them, so `contextlib.redirect_stdout` cannot ca
 `quiet_stdout` points descriptor 1 at /dev/null for the duration of a solve (a dup2 pair,
 microseconds) and flushes Python's buffer first so nothing printed before is lost.
 Descriptor 1 is process-wide: another thread printing during a solve is silenced too,
-which is acceptable for the scheduler (it prints between decisions, not during them).
+which is acceptable for its users (the scheduler's policies, perf's split LP, the
+planner's MILP): they print between solves, not during them. A small module below every
+part, as `errors.py`, so that perf (numpy-only) may import it too.
 """
 from __future__ import annotations
 
