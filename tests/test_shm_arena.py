@@ -93,7 +93,7 @@ def _spawn(target, n: int, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long), 4])
 def test_buckets_in_the_segments_equal_gloo_and_one_process(n, tmp_path):
     job = f"t{uuid.uuid4().hex[:8]}"
     procs = _spawn(_equal_member, n, str(tmp_path / "pg"), job)
