@@ -241,18 +241,24 @@ def worker(a) -> int:
 
 def _phases(a, data, batch: int, n: int, model, opt, device) -> dict:
     """The three in-job phases, through the same BalancedLoader and push_pull: the GPU
-    only (the CPU workers capped at 0 samples), the CPU workers only, and all balanced."""
+    only (the CPU workers capped at 0 samples), the CPU workers only, and all balanced;
+    `a.rounds` times in turn, each phase's samples/s the median of its rounds."""
     from hetrain.train.balance import BalanceConfig
     from hetrain.train.loader import BalancedLoader
 
-    out = {}
+    out: dict = {}
     phases = {"gpu": [batch] + [0] * (n - 1), "cpu": [0] + [batch] * (n - 1), "mixed": [batch] * n}
-    for k, (name, limit) in enumerate(phases.items()):
-        loader = BalancedLoader(data, batch, optimizer=opt, device=device, model=model,
-                                max_samples=limit, config=BalanceConfig(window=a.window), seed=k)
-        out[name] = _phase(a, loader, model, opt, batch)
-        if name == "mixed":
-            out["devices"] = [d.label() for d in loader.balancer.devices]
+    sps: dict[str, list[float]] = {name: [] for name in phases}
+    for r in range(a.rounds):  # the phases take turns, so a host whose load drifts slows them alike
+        for k, (name, limit) in enumerate(phases.items()):
+            loader = BalancedLoader(data, batch, optimizer=opt, device=device, model=model,
+                                    max_samples=limit, config=BalanceConfig(window=a.window), seed=k + 3 * r)
+            out[name] = _phase(a, loader, model, opt, batch)  # the last round's details
+            sps[name].append(out[name]["sps"])
+            if name == "mixed":
+                out["devices"] = [d.label() for d in loader.balancer.devices]
+    for name, v in sps.items():  # each phase's rate: the median over the rounds
+        out[name].update(sps=float(np.median(v)), sps_rounds=v)
     return out
 
 
@@ -339,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, help="times the three in-job phases run in turn, each phase's samples/s "
+                    "the median (default 1; 3 in a CPU dry run, where the phases share the host's few cores)")
     ap.add_argument("--window", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--lr", type=float, default=0.01, help=argparse.SUPPRESS)
     ap.add_argument("--calib-batches", type=int, nargs="+", default=[256, 1024, 4096, 16384], help=argparse.SUPPRESS)
@@ -359,10 +367,11 @@ def main(argv=None) -> int:
     if a.cpu_dry_run:
         a.widths, a.cpu_workers, a.threads = [64, 128], min(a.cpu_workers, 2), 1
         a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
-    steps = a.steps or (6 if a.cpu_dry_run else (15 if a.quick else 30))
+    steps = a.steps or (12 if a.cpu_dry_run else (15 if a.quick else 30))
     # warm-up: the fits settle, and the balancer prices the exchange (a set's first exchange is
     # not counted, the next 4 are: hetrain/train/exchange_price.py) and settles on a set
-    warmup = a.warmup or (12 if a.cpu_dry_run else (8 if a.quick else 12))
+    warmup = a.warmup or (24 if a.cpu_dry_run else (8 if a.quick else 12))
+    rounds = a.rounds or (3 if a.cpu_dry_run else 1)
     with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
         tmp = Path(d)
         import yaml
@@ -374,7 +383,7 @@ def main(argv=None) -> int:
                "--mode", "ps", "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
                "--worker", "--out", str(res_path), "--widths", *map(str, a.widths), "--global-batch", str(a.global_batch), "--min-step-s",
                str(a.min_step_s), "--max-step-s", str(a.max_step_s), "--max-batch", str(a.max_batch),
-               "--steps", str(steps), "--warmup", str(warmup),
+               "--steps", str(steps), "--warmup", str(warmup), "--rounds", str(rounds),
                "--window", str(a.window), "--lr", str(a.lr), "--calib-reps", str(a.calib_reps),
                "--calib-batches", *map(str, a.calib_batches)]
         env = repo_env()  # the repository before the caller's PYTHONPATH
@@ -390,7 +399,7 @@ def main(argv=None) -> int:
     out["calibration"] = res["calibration"]
     out["config"] = {"width": res["calibration"]["width"], "widths": a.widths, "cpu_workers": a.cpu_workers,
                      "threads": a.threads, "gpu_threads": a.gpu_threads, "steps": steps,
-                     "warmup": warmup, "devices": res.get("devices"), "gpu": res.get("gpu_name"),
+                     "warmup": warmup, "rounds": rounds, "devices": res.get("devices"), "gpu": res.get("gpu_name"),
                      "dry_run_on_cpu": a.cpu_dry_run, "host_cpus": os.cpu_count()}
     if a.cpu_dry_run:
         out["note"] = "CPU dry run: the 'GPU' worker ran on the CPU at toy sizes; these figures are not results"
