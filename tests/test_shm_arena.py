@@ -2,12 +2,8 @@
 processes: results equal gloo's all-reduce and one process's sum (sum and average, odd
 sizes, a bucket with a trailer's room), every member holds the same bits, the reduce to
 an owner and the broadcast from it give the owner's sum, a caller that writes its
-bucket as soon as a round returns never changes a peer's result, a SIGKILLed member is
-named at once, and misuse is refused with a message."""
-import multiprocessing as mp
-import os
-import signal
-import time
+bucket as soon as a round returns never changes a peer's result, and misuse is refused
+with a message (a SIGKILLed member: tests/test_shm_group.py, both kinds of group)."""
 import uuid
 
 import pytest
@@ -15,11 +11,10 @@ import torch
 import torch.distributed as dist
 
 from hetrain.comm.shm.arena import ArenaGroup, arena_bytes
-from hetrain.comm.shm.waits import ShmPeerError
 from hetrain.errors import UserError
 from hetrain.runtime.shmnames import job_segments
+from tests.shm_procs import SECRET, init, spawn
 
-SECRET = "0123456789abcdef0123456789abcdef"
 SIZES = (1, 7, 1000, 300_001)
 
 
@@ -28,18 +23,13 @@ def _inputs(rank: int, numel: int, salt: int = 0) -> torch.Tensor:
     return torch.randn(numel, generator=g)
 
 
-def _init(rank: int, n: int, path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=n)
-
-
 def _arena(rank: int, n: int, job: str, lengths) -> ArenaGroup:
     return ArenaGroup(job_id=job, secret=SECRET, key="a", ranks=list(range(n)), rank=rank, barrier=dist.barrier,
                       capacity=arena_bytes(list(lengths)), timeout_s=30)
 
 
 def _equal_member(rank: int, n: int, path: str, job: str) -> None:
-    _init(rank, n, path)
+    init(rank, n, path)
     lengths = [m for m in SIZES for _ in (False, True)]
     g = _arena(rank, n, job, lengths)
     dist.barrier()
@@ -84,59 +74,14 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(target, n: int, *args):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=target, args=(r, n, *args)) for r in range(n)]
-    for p in procs:
-        p.start()
-    return procs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long), 4])
 def test_buckets_in_the_segments_equal_gloo_and_one_process(n, tmp_path):
     job = f"t{uuid.uuid4().hex[:8]}"
-    procs = _spawn(_equal_member, n, str(tmp_path / "pg"), job)
+    procs = spawn(_equal_member, n, str(tmp_path / "pg"), job)
     for p in procs:
         p.join(240)
     assert [p.exitcode for p in procs] == [0] * n
-    assert job_segments(job) == []
-
-
-def _killed_member(rank: int, n: int, path: str, job: str, out) -> None:
-    _init(rank, n, path)
-    g = _arena(rank, n, job, [100_000])
-    x = g.alloc(100_000)
-    x.fill_(1.0)
-    g.all_reduce(x)  # one good round: every member is in
-    if rank == n - 1:  # dies before the next round: the others wait in it for a member that never comes
-        os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
-    try:
-        g.start(x).wait()
-        out.put((rank, "no error", 0.0, []))
-    except ShmPeerError as err:
-        out.put((rank, str(err), time.monotonic() - t0, err.ranks))
-    out.close()
-    out.join_thread()
-    os._exit(0)  # the gloo group has a dead member: leave without its teardown
-
-
-@pytest.mark.slow
-def test_killed_peer_is_named_and_leaves_no_segment(tmp_path):
-    from hetrain.runtime.heartbeat import INTERVAL_S, SAMPLE_S
-
-    n, job = 3, f"t{uuid.uuid4().hex[:8]}"
-    out = mp.get_context("spawn").Queue()
-    procs = _spawn(_killed_member, n, str(tmp_path / "pg"), job, out)
-    got = sorted(out.get(timeout=120) for _ in range(n - 1))
-    for p in procs:
-        p.join(60)
-    assert procs[-1].exitcode == -signal.SIGKILL
-    for rank, message, waited, ranks in got:
-        assert ranks == [n - 1], message
-        assert f"rank {n - 1} ended" in message
-        assert waited < INTERVAL_S + SAMPLE_S, f"rank {rank} took {waited:.1f} s to name the dead peer"
     assert job_segments(job) == []
 
 

@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import signal
 import stat
-import time
 import uuid
 
 import pytest
@@ -16,10 +15,9 @@ import torch.distributed as dist
 
 from hetrain.comm.shm.group import HostGroup
 from hetrain.comm.shm.segment import Segment, SegmentAuthError
-from hetrain.comm.shm.waits import ShmPeerError
 from hetrain.runtime.shmnames import job_segments, remove_job_segments, segment_name
+from tests.shm_procs import SECRET, init, killed_member, spawn
 
-SECRET = "0123456789abcdef0123456789abcdef"
 CAPACITY = 1 << 20  # small: a 300k-element fp32 tensor takes two rounds
 SIZES = (1, 7, 1000, 300_001)
 
@@ -33,13 +31,8 @@ def _group(rank: int, n: int, job: str, key: str = "g") -> HostGroup:
     return HostGroup(job, SECRET, key, list(range(n)), rank, dist.barrier, capacity=CAPACITY, timeout_s=30)
 
 
-def _init(rank: int, n: int, path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=n)
-
-
 def _equal_member(rank: int, n: int, path: str, job: str) -> None:
-    _init(rank, n, path)
+    init(rank, n, path)
     g = _group(rank, n, job)
     dist.barrier()  # every member has unlinked its name
     assert job_segments(job) == [], "names stay in /dev/shm after every member mapped them"
@@ -76,50 +69,26 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(target, n: int, *args):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=target, args=(r, n, *args)) for r in range(n)]
-    for p in procs:
-        p.start()
-    return procs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_results_equal_gloo_and_one_process(n, tmp_path):
     job = f"t{uuid.uuid4().hex[:8]}"
-    procs = _spawn(_equal_member, n, str(tmp_path / "pg"), job)
+    procs = spawn(_equal_member, n, str(tmp_path / "pg"), job)
     for p in procs:
         p.join(240)
     assert [p.exitcode for p in procs] == [0] * n
     assert job_segments(job) == []
 
 
-def _killed_member(rank: int, n: int, path: str, job: str, out) -> None:
-    _init(rank, n, path)
-    g = _group(rank, n, job)
-    x = torch.ones(100_000)
-    g.all_reduce(x)  # one good round: every member is in
-    if rank == n - 1:  # dies before the next round: the others wait in it for a member that never comes
-        os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.monotonic()
-    try:
-        g.start(x).wait()
-        out.put((rank, "no error", 0.0, []))
-    except ShmPeerError as err:
-        out.put((rank, str(err), time.monotonic() - t0, err.ranks))
-    out.close()
-    out.join_thread()  # flushed before the hard exit
-    os._exit(0)  # the gloo group has a dead member: leave without its teardown
-
-
 @pytest.mark.slow
-def test_killed_peer_is_named_within_the_heartbeat_time_and_leaves_no_segment(tmp_path):
+@pytest.mark.parametrize("kind", ["rounds", "arena"])
+def test_killed_peer_is_named_within_the_heartbeat_time_and_leaves_no_segment(kind, tmp_path):
+    """Over a host group's rounds and over buckets in the segments (comm/shm/arena.py)."""
     from hetrain.runtime.heartbeat import INTERVAL_S, SAMPLE_S
 
     n, job = 3, f"t{uuid.uuid4().hex[:8]}"
     out = mp.get_context("spawn").Queue()
-    procs = _spawn(_killed_member, n, str(tmp_path / "pg"), job, out)
+    procs = spawn(killed_member, n, str(tmp_path / "pg"), job, kind, out)
     got = sorted(out.get(timeout=120) for _ in range(n - 1))
     for p in procs:
         p.join(60)
@@ -173,7 +142,7 @@ def _no_room_member(rank: int, n: int, path: str, out) -> None:
     from hetrain.comm.shm import select
     from hetrain.comm.transports.collective import ShmCollective
 
-    _init(rank, n, path)
+    init(rank, n, path)
     select._capacity = lambda members: 0  # /dev/shm without room, as every member finds it
     select._room = lambda members: 0
     ctx = SimpleNamespace(env=SimpleNamespace(restart=0, job_id="noroom", origin="hetrain"), rank=rank,
@@ -194,7 +163,7 @@ def _no_room_member(rank: int, n: int, path: str, out) -> None:
 def test_without_room_in_dev_shm_host_buffers_keep_gloo(tmp_path):
     n = 2
     q = mp.get_context("spawn").Queue()
-    procs = _spawn(_no_room_member, n, str(tmp_path / "pg"), q)
+    procs = spawn(_no_room_member, n, str(tmp_path / "pg"), q)
     got = sorted(q.get(timeout=120) for _ in range(n))
     for p in procs:
         p.join(30)
