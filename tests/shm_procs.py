@@ -59,3 +59,11 @@ def killed_member(rank: int, n: int, path: str, job: str, kind: str, out) -> Non
     out.close()
     out.join_thread()  # flushed before the hard exit
     os._exit(0)  # the gloo group has a dead member: leave without its teardown
+
+
+def run_all(target, n: int, path: str, job: str, timeout_s: float = 240) -> list[int]:
+    """`target(rank, n, path, job)` in n spawned processes, to their end; their exit codes."""
+    procs = spawn(target, n, path, job)
+    for p in procs:
+        p.join(timeout_s)
+    return [p.exitcode for p in procs]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hetrain.comm.shm.arena import ArenaGroup, arena_bytes
 from hetrain.errors import UserError
 from hetrain.runtime.shmnames import job_segments
-from tests.shm_procs import SECRET, init, spawn
+from tests.shm_procs import SECRET, init, run_all
 
 SIZES = (1, 7, 1000, 300_001)
 
@@ -78,10 +78,7 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
 @pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long), 4])
 def test_buckets_in_the_segments_equal_gloo_and_one_process(n, tmp_path):
     job = f"t{uuid.uuid4().hex[:8]}"
-    procs = spawn(_equal_member, n, str(tmp_path / "pg"), job)
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * n
+    assert run_all(_equal_member, n, str(tmp_path / "pg"), job) == [0] * n
     assert job_segments(job) == []
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from hetrain.comm.shm.group import HostGroup
 from hetrain.comm.shm.segment import Segment, SegmentAuthError
 from hetrain.runtime.shmnames import job_segments, remove_job_segments, segment_name
-from tests.shm_procs import SECRET, init, killed_member, spawn
+from tests.shm_procs import SECRET, init, killed_member, run_all, spawn
 
 CAPACITY = 1 << 20  # small: a 300k-element fp32 tensor takes two rounds
 SIZES = (1, 7, 1000, 300_001)
@@ -73,10 +73,7 @@ def _equal_member(rank: int, n: int, path: str, job: str) -> None:
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_results_equal_gloo_and_one_process(n, tmp_path):
     job = f"t{uuid.uuid4().hex[:8]}"
-    procs = spawn(_equal_member, n, str(tmp_path / "pg"), job)
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * n
+    assert run_all(_equal_member, n, str(tmp_path / "pg"), job) == [0] * n
     assert job_segments(job) == []
 
 
