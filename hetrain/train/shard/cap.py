@@ -14,7 +14,9 @@
   Resident memory counts what the C heap keeps, so the bench runs its workers with
   glibc's heap handing large blocks back (`MALLOC_MMAP_THRESHOLD_`, see bench/shard.py).
 
-Start the cap before the model is built, so the model's own parameters count.
+Start the cap before the model is built, so the model's own parameters count, and early
+in the process: memory the C heap took back from earlier work and hands out again does
+not grow the resident set, so a cap started late under-counts by what the heap holds free.
 """
 from __future__ import annotations
 
