@@ -12,7 +12,7 @@ Three ways, each all-reducing an N-byte fp32 bucket in place:
 
 memcpy_bound_s = (1.5 - 0.5/n) · N / S · n / min(n, cores) for the arena, and
 memcpy_bound_copy_s = (2.5 + 0.5/n) · N / S · n / min(n, cores) with the copies, where n
-is the processes, S the memcpy speed measured here (bytes copied per second, one thread)
+is the processes, S the memcpy speed measured here (`perf.comm.memcpy_speed`: one thread)
 and `cores` the CPUs this process may run on. Why: a memcpy of B bytes reads and writes
 2B. In the arena a process reads N and writes N/n to sum its slice, and reads and writes
 (n-1)N/n to push the sum into the others' segments: 3N - N/n. With the copies it reads
@@ -46,24 +46,15 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def memcpy_speed(nbytes: int = 100_000_000, repeats: int = 5) -> float:
-    """Bytes copied per second by one thread (median of `repeats` copies of `nbytes`)."""
-    torch.set_num_threads(1)
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times)
+from hetrain.perf.comm import memcpy_speed, shm_allreduce_time  # noqa: E402
 
 
 def memcpy_bound(nbytes: int, n: int, speed: float, cores: int, copies: bool = False) -> float:
-    per_byte = 2.5 + 0.5 / n if copies else 1.5 - 0.5 / n
-    return per_byte * nbytes / speed * n / min(n, cores)
+    """The arena's bound is the cost model's price of the shared-memory all-reduce
+    (`perf.comm.shm_allreduce_time`); with the copies in and out, (2.5 + 0.5/n)·N/S."""
+    if not copies:
+        return shm_allreduce_time(nbytes, n, speed, cores)
+    return (2.5 + 0.5 / n) * nbytes / speed * n / min(n, cores)
 
 
 def _timed(ops: list, repeats: int) -> list[list[float]]:
@@ -122,7 +113,7 @@ def _member(rank: int, n: int, path: str, sizes: list[int], repeats: int, out) -
 
 def run(procs: list[int], sizes: list[int], repeats: int) -> list[dict]:
     """One case per (processes, size): shm_s, shm_copy_s, gloo_s and their memcpy bounds."""
-    speed = memcpy_speed()
+    speed = memcpy_speed(100_000_000, 5)  # the cost model's measurement: one thread's copies
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cases = []
     ctx = mp.get_context("spawn")

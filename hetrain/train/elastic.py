@@ -258,7 +258,8 @@ class State:
             self._replica().save(seq, data)
         if self._sharded and self._rank == 0:  # the two newest stay: the newest replica may be damaged
             for old in (self._dir / "shards").glob("*-*"):
-                if old.name.split("-", 1)[0].isdigit() and int(old.name.split("-", 1)[0]) < seq - 1:
+                num = old.name.split("-", 1)[0]
+                if num.isdigit() and int(num) < seq - 1:
                     shutil.rmtree(old, ignore_errors=True)
 
     def _load_shards(self, seq: int) -> None:

@@ -96,12 +96,11 @@ def configurations(jobs, cluster, allocation, p: float = DEFAULT_P, remaining: n
     (seconds a new allocation is expected to hold) a move's restart cost is scaled by
     max(1, seconds to finish there / hold_s); with `now`, a running job's other
     configurations are discounted by its re-allocation factor (module docstring)."""
-    e = np.zeros(0, dtype=np.int64)
     if not jobs:
-        return Configs(e, e, e, np.zeros(0))
+        return Configs.empty()
     jidx, ts, ns, rate = candidates(jobs, cluster, allocation)
     if not len(jidx):
-        return Configs(e, e, e, np.zeros(0))
+        return Configs.empty()
     sizes = np.bincount(jidx, minlength=len(jobs))
     cur_t = np.array([a.type if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])
     cur_n = np.array([a.n if (a := allocation.get(j.job_id)) is not None else -1 for j in jobs])

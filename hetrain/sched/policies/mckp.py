@@ -38,6 +38,12 @@ class Configs:
     n: np.ndarray
     value: np.ndarray
 
+    @classmethod
+    def empty(cls) -> "Configs":
+        """No column (no job, or no configuration that fits)."""
+        e = np.zeros(0, dtype=np.int64)
+        return cls(e, e, e, np.zeros(0))
+
 
 def _milp(cfg: Configs, njobs: int, capacity: np.ndarray, time_limit: float | None = None,
           gap: float = MIP_GAP) -> np.ndarray:

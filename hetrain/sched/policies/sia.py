@@ -41,12 +41,11 @@ SIA_LAMBDA = 2.0
 def sia_configurations(jobs, cluster, allocation, now: float, p: float = SIA_P, lam: float = SIA_LAMBDA) -> Configs:
     """Every configuration with its value in Sia's objective (see the module docstring),
     for all jobs at once."""
-    e = np.zeros(0, dtype=np.int64)
     if not jobs:
-        return Configs(e, e, e, np.zeros(0))
+        return Configs.empty()
     jidx, ts, ns, good = candidates(jobs, cluster, allocation)
     if not len(jidx):
-        return Configs(e, e, e, np.zeros(0))
+        return Configs.empty()
     low = np.full(len(jobs), np.inf)
     np.minimum.at(low, jidx, good)
     norm = good / low[jidx]

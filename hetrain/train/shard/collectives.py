@@ -40,32 +40,28 @@ def _staged(flat: torch.Tensor, run) -> list:
     return []
 
 
-def reduce_to_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
-                     group=None) -> list:
-    """Sum `flat` over the workers, each span landing on its owner (in place)."""
+def _per_owner(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int], group, start) -> list:
+    """`start(piece, owner)` for each owner's non-empty span of `flat` (a host copy first
+    where gloo carries a CUDA buffer); the works, to wait on."""
     if len(ranks) == 1:  # a one-worker job: nothing to exchange
         return []
     if _host_staged(flat, group):
-        return _staged(flat, lambda h: reduce_to_owners(h, spans, ranks, group))
-    works = []
-    for (s, e), owner in zip(spans, ranks):
-        if e > s:
-            works.append(dist.reduce(flat[s:e], dst=owner, op=dist.ReduceOp.SUM, group=group, async_op=True))
-    return works
+        return _staged(flat, lambda h: _per_owner(h, spans, ranks, group, start))
+    return [start(flat[s:e], owner) for (s, e), owner in zip(spans, ranks) if e > s]
+
+
+def reduce_to_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
+                     group=None) -> list:
+    """Sum `flat` over the workers, each span landing on its owner (in place)."""
+    return _per_owner(flat, spans, ranks, group, lambda piece, owner: dist.reduce(
+        piece, dst=owner, op=dist.ReduceOp.SUM, group=group, async_op=True))
 
 
 def gather_from_owners(flat: torch.Tensor, spans: Sequence[tuple[int, int]], ranks: Sequence[int],
                        group=None) -> list:
     """Fill `flat` with every owner's span (the caller has put its own span in place)."""
-    if len(ranks) == 1:
-        return []
-    if _host_staged(flat, group):
-        return _staged(flat, lambda h: gather_from_owners(h, spans, ranks, group))
-    works = []
-    for (s, e), owner in zip(spans, ranks):
-        if e > s:
-            works.append(dist.broadcast(flat[s:e], src=owner, group=group, async_op=True))
-    return works
+    return _per_owner(flat, spans, ranks, group, lambda piece, owner: dist.broadcast(
+        piece, src=owner, group=group, async_op=True))
 
 
 def broadcast_from(flat: torch.Tensor, src: int, group=None) -> None:
