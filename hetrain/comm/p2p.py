@@ -11,11 +11,18 @@ I/O thread aborts the whole process (`writev ... Bad address`). Every hetrain se
 receive goes through `isend`/`irecv`/`send`/`recv` here, which refuse anything but a CPU
 tensor with a UserError naming the tensor, before gloo sees it. CUDA tensors reach the
 wire only through the engine's pinned staging buffers (comm/staging/, comm/cuda.py).
+
+Channels. A protocol that talks to a fixed peer (a worker to its summation servers and
+back) holds one channel object per peer, chosen once when it starts (comm/shm/select.py
+`channels_for`): `GlooChannel` (gloo point-to-point) or, for a worker and a server on
+one host, comm/shm/channel.py's `ShmChannel` (the same isend/irecv through a shared-memory
+mailbox). Both return works with `wait()` and `is_completed()`, and `wait` below takes
+either.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -93,6 +100,29 @@ def send(t: torch.Tensor, dst: int, tag: int, group=None, what: str = "send") ->
 
 def recv(t: torch.Tensor, src: int | None, tag: int, group=None, what: str = "receive") -> int:
     return dist.recv(host_only(t, what), src=src, tag=tag, group=group)
+
+
+class Channel(Protocol):
+    """Point-to-point messages to and from one peer (`peer`, a job rank)."""
+
+    peer: int
+
+    def isend(self, t: torch.Tensor, tag: int, group=None, what: str = "send"): ...
+
+    def irecv(self, t: torch.Tensor, tag: int, group=None, what: str = "receive"): ...
+
+
+@dataclass(frozen=True)
+class GlooChannel:
+    """gloo's point-to-point to `peer`, on the process group the call names."""
+
+    peer: int
+
+    def isend(self, t: torch.Tensor, tag: int, group=None, what: str = "send"):
+        return isend(t, self.peer, tag, group, what)
+
+    def irecv(self, t: torch.Tensor, tag: int, group=None, what: str = "receive"):
+        return irecv(t, self.peer, tag, group, what)
 
 
 # ---- waits that name the lost peer ---------------------------------------------------------

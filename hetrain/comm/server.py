@@ -26,6 +26,7 @@ from .known import KnownLayouts
 from .layout import Entry, Manifest, exchange_manifests
 from .partition import Partition, plan_for
 from .protocol import OK, SLOW, STOPPED, ControlInbox, check_header, exchange_header, part_tag, speculating
+from .shm.select import channels_for
 from .wire import decode_part, encode_part, wire_codecs
 
 
@@ -51,6 +52,8 @@ class SummationServer:
         self.wire = None
         self.steps = 0
         self.busy_s = 0.0
+        # per worker: shared memory where it runs on this host, else gloo (comm/shm/select.py)
+        self.channels = channels_for(ctx, self.workers)
 
     def _replan(self, numel: int, manifest: Manifest | None = None) -> None:
         c = self.ctx.comm
@@ -150,7 +153,7 @@ class SummationServer:
     def _post_recv(self, i: int) -> list:
         p, buf = self.mine[i], self.bufs[i]
         g, tag = self.ctx.lane(p.lane), part_tag(self.epoch, p.pid)
-        return [p2p.irecv(buf[k], w, tag, g) for k, w in enumerate(self.pushers[i])]
+        return [self.channels[w].irecv(buf[k], tag, g) for k, w in enumerate(self.pushers[i])]
 
     def _round(self, recvs: list) -> list | None:
         """Sum every partition and send it back. While speculating, each partition's
@@ -187,7 +190,7 @@ class SummationServer:
         for w in pushers:
             self.ctx.pace(w, total.numel() * total.element_size())
         tag = part_tag(self.epoch, p.pid)
-        return [(w, p.pid, p2p.isend(total, w, tag, g)) for w in pushers]
+        return [(w, p.pid, self.channels[w].isend(total, tag, g)) for w in pushers]
 
     def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
         w, dec = self.wire[i], self.decoded[i]

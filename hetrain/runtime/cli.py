@@ -7,7 +7,7 @@ from typing import get_args
 from ..cluster.spec import load_cluster
 from ..errors import UserError
 from ..modes import Sync
-from .env import CODEC_CHOICES, CommConfig, GlooThread
+from .env import CODEC_CHOICES, CommConfig, GlooThread, ServerLink
 from .topology import MODES
 
 
@@ -42,6 +42,9 @@ def _add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="gloo's socket threads: auto (default: run them only on core time compute leaves, on the "
                         "workers of an all-reduce job pinned to cores of their own that compute fills), idle "
                         "(always), normal (as gloo starts them)")
+    p.add_argument("--server-link", choices=get_args(ServerLink), default="auto",
+                   help="a worker and a summation server on one host: auto (default: their partitions and sums "
+                        "go through shared memory) or gloo (TCP loopback, as between hosts)")
     p.add_argument("--heap", choices=get_args(HeapPolicy), default="keep",
                    help="the processes' C heap: keep (default: a step's freed memory stays mapped for the next "
                         "one instead of being faulted in again; resident memory stays at its peak) or system "
@@ -121,7 +124,8 @@ def launch_config(args, argv: list[str], cluster=None):
                       timeout_s=args.timeout, max_lanes=args.max_lanes, codec=args.codec,
                       codec_rules=tuple(args.codec_rule),
                       overlap=args.overlap, sync=args.sync, staleness=args.staleness, collective=args.collective,
-                      buckets=args.buckets, gloo_thread=args.gloo_thread)
+                      buckets=args.buckets, gloo_thread=args.gloo_thread,
+                      server_link=args.server_link)
     secret = None
     if getattr(args, "secret_file", None):
         secret = load_secret(path=args.secret_file)

@@ -36,6 +36,8 @@ PROFILE_STEPS_ENV = "HETRAIN_PROFILE_STEPS"  # `hetrain launch --auto`'s profili
 Collective = Literal["auto", "gloo", "nccl"]
 Buckets = Literal["tuned", "ddp"]
 GlooThread = Literal["auto", "idle", "normal"]
+# a worker and a summation server on one host: shared memory (auto) or gloo over loopback
+ServerLink = Literal["auto", "gloo"]
 CODECS: tuple[str, ...] = tuple(c.value for c in Codec)
 CODEC_CHOICES: tuple[str, ...] = tuple(c.value for c in CodecChoice)
 
@@ -43,9 +45,9 @@ CODEC_CHOICES: tuple[str, ...] = tuple(c.value for c in CodecChoice)
 FLAGS = {"mode": "--mode", "partition_bytes": "--partition-bytes", "credit_bytes": "--credit-bytes",
          "timeout_s": "--timeout", "max_lanes": "--max-lanes", "codec": "--codec", "codec_rules": "--codec-rule",
          "overlap": "--overlap", "sync": "--sync", "staleness": "--staleness", "collective": "--collective",
-         "buckets": "--buckets", "gloo_thread": "--gloo-thread"}
+         "buckets": "--buckets", "gloo_thread": "--gloo-thread", "server_link": "--server-link"}
 _WHAT = {"mode": "communication mode", "codec": "codec", "sync": "training mode", "collective": "collective backend",
-         "buckets": "bucket policy", "gloo_thread": "gloo thread policy"}
+         "buckets": "bucket policy", "gloo_thread": "gloo thread policy", "server_link": "server link"}
 
 
 def parse_rules(rules: tuple[str, ...] | list[str]) -> list[tuple[str, CodecChoice]]:
@@ -105,6 +107,8 @@ class CommConfig(BaseModel):
     buckets: Buckets = "tuned"
     # gloo's socket threads: SCHED_IDLE on workers pinned to cores their compute fills (runtime/commthreads.py)
     gloo_thread: GlooThread = "auto"
+    # partitions between a worker and a summation server on one host (comm/shm/channel.py)
+    server_link: ServerLink = "auto"
 
     def __init__(self, **data) -> None:
         try:
@@ -125,6 +129,12 @@ class CommConfig(BaseModel):
     def rendezvous_timeout_s(self) -> float:
         """How long processes wait for each other to start (imports on a loaded host)."""
         return max(self.op_timeout_s, 300.0)
+
+    @property
+    def server_shm(self) -> bool:
+        """A worker and a summation server on one host move partitions through shared
+        memory (`--server-link auto`), not gloo over loopback (`gloo`)."""
+        return self.server_link == "auto"
 
     @property
     def has_servers(self) -> bool:

@@ -1,4 +1,5 @@
-"""Whether a transport's members can use shared memory, and building their host group.
+"""Whether a transport's members can use shared memory, and building their host group;
+and the point-to-point channels of a worker and its summation servers (`channels_for`).
 
 Shared memory is used where every member runs on this host as the launcher lays the job
 out (runtime/shmnames.py `same_host`: the machines of one node, unless links between
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from ...errors import UserError
 from ...runtime.auth import load_secret
 from ...runtime.shmnames import SHM_DIR, same_host
+from ..p2p import Channel, GlooChannel
 from .arena import ArenaGroup, arena_bytes
 from .group import DEFAULT_CAPACITY, HostGroup
 
@@ -103,3 +105,50 @@ def build(ctx, members, cuda: bool) -> HostGroup | None:
     except RuntimeError as err:  # a member died while the segments were made
         raise ctx.peer_error("setting up the shared-memory all-reduce", [r for r in members.ranks if r != ctx.rank],
                              err) from None
+
+
+# ---- a worker and its summation servers -----------------------------------------------
+_PUMPS: dict[tuple, object] = {}  # per (job, round, rank): this process's mailbox and its thread
+
+
+def _hosts_shm(ctx) -> bool:
+    env = getattr(ctx, "env", None)
+    return (env is not None and env.origin == "hetrain" and ctx.topology is not None and ctx.comm.server_shm
+            and sys.platform.startswith("linux") and SHM_DIR.is_dir())
+
+
+def partners(ctx) -> list[int]:
+    """The ranks this process exchanges partitions with over shared memory: for a worker
+    the summation servers on its host, for a server the workers on its host (host as the
+    launcher lays the job out, `same_host`). Empty where shared memory is not used
+    (`--server-link gloo`, a job hetrain did not launch, no /dev/shm)."""
+    if not _hosts_shm(ctx):
+        return []
+    topo = ctx.topology
+    others = [p.rank for p in topo.servers] if ctx.is_worker else topo.worker_ranks
+    return [r for r in others if r != ctx.rank and same_host(topo, ctx.cluster, [ctx.rank, r])]
+
+
+def channels_for(ctx, peers: list[int]) -> dict[int, Channel]:
+    """One channel per peer in `peers`: shared memory for a partner on this host
+    (comm/shm/channel.py; this process's mailbox is made at the first call), gloo for
+    the others. Both ends decide from the same topology, so they agree."""
+    local = set(partners(ctx))
+    out: dict[int, Channel] = {p: GlooChannel(p) for p in peers if p not in local}
+    if local & set(peers):
+        pump = _pump(ctx, sorted(local))
+        out.update({p: pump.channels[p] for p in peers if p in local})
+    return out
+
+
+def _pump(ctx, local: list[int]):
+    from .channel import Pump
+
+    key = (ctx.env.job_id, ctx.env.restart, ctx.rank)
+    if key not in _PUMPS:
+        def lost() -> list[int]:
+            return list(ctx.lost_peers(wait_s=0.0))
+
+        _PUMPS[key] = Pump(ctx.env.job_id, load_secret(), f"r{ctx.env.restart}-p2p", ctx.rank, local,
+                           timeout_s=ctx.comm.op_timeout_s, lost=lost)
+    return _PUMPS[key]

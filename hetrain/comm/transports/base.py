@@ -10,6 +10,7 @@ from typing import Literal
 from .. import p2p
 from ..cargo import Cargo
 from ..protocol import part_tag
+from ..shm.select import channels_for
 from ..window import CreditWindow
 
 Arrival = Literal["forward", "backward"]  # the order in which a step's pieces are handed over
@@ -81,6 +82,8 @@ class ServerLeg:
         self.t = transport
         self.ctx = transport.ctx
         self.servers = [p.rank for p in self.ctx.topology.servers]
+        chans = channels_for(self.ctx, self.servers)  # shared memory to a server on this host, else gloo
+        self.channels = [chans[r] for r in self.servers]
         self.window = window
         self.sort_reverse = sort_reverse
         self.pending: list[int] = []
@@ -116,8 +119,9 @@ class ServerLeg:
         g = self.ctx.lane(p.lane)
         self.ctx.pace(dst, sbuf.numel() * sbuf.element_size())
         tag = part_tag(t.epoch, p.pid)
-        s = p2p.isend(sbuf, dst, tag, g, what=f"sending partition {pid}")
-        r = p2p.irecv(rbuf, dst, tag, g, what=f"receiving the sum of partition {pid}")
+        chan = self.channels[p.server]
+        s = chan.isend(sbuf, tag, g, what=f"sending partition {pid}")
+        r = chan.irecv(rbuf, tag, g, what=f"receiving the sum of partition {pid}")
         self.inflight.setdefault(p.server, deque()).append((pid, dst, s, r))
         self.window.sent(p.server, t.layout.sizes[pid])
 

@@ -1,0 +1,302 @@
+"""Point-to-point messages between two processes of one host through shared memory,
+with gloo's semantics: `isend`/`irecv` return at once, a receive matches the sender's
+message by (source, tag), messages with one tag arrive in the order they were sent, a
+message nobody has asked for yet is kept until someone does, and posting sends never
+blocks however many are posted before any receive.
+
+Why this shape. The worker <-> summation-server protocol (comm/transports/base.py
+`ServerLeg`, comm/server.py) posts every partition's send and receive at once and waits
+later; the server posts the next step's receives long before the workers send. A
+channel therefore needs to move bytes while neither side waits on it, as gloo's I/O
+thread does. Here one background thread per process (`Pump`) does every copy: it writes
+pending sends into the receiver's mailbox ring a slot at a time (comm/shm/mailbox.py)
+and reads its own rings into the posted receive buffers, so a message is copied twice
+(sender's buffer -> slot -> receiver's buffer) at memcpy speed, with no socket and no
+kernel crossing. Copies release the GIL (torch's copy_), so they overlap the caller's
+compute. A message that arrives before its receive is posted goes to a buffer of its
+own (kept while the ring behind it drains) and is copied over when the receive comes.
+
+Why not a server-leg special (workers writing partitions into slots the server sums
+from): the server sums a machine's pushes with a weighted matmul over one buffer of
+rows, and its speculation, layout switches and codecs already run on posted receives;
+a channel behind p2p's isend/irecv keeps all of that as it is, and a pair that does not
+share a host keeps gloo behind the same interface (`p2p.GlooChannel`).
+
+Failure semantics as the host group's (waits.py): a wait checks every `CHECK_S` whether
+the peer's process is gone (its pid is in its mailbox header or its ring) or the
+launcher lost it (`lost`), and raises `ShmPeerError` naming it; a peer that never
+answers fails the wait after `timeout_s`. Nothing read from shared memory is unpickled:
+headers are int64 fields, payloads raw bytes copied into the caller's tensor.
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import torch
+
+from ..p2p import host_only
+from .mailbox import Mailbox, Ring, attach
+from .waits import CHECK_S, ShmPeerError, gone
+
+NAP_MAX = 1e-3  # the pump's longest sleep while messages are outstanding
+ATTACH_EVERY = 5e-3  # how often the pump looks for a receiver's mailbox not made yet
+
+
+def _bytes(t: torch.Tensor, what: str) -> torch.Tensor:
+    host_only(t, what)  # the same guard as gloo's sends: CUDA tensors go through the staging
+    if not t.is_contiguous():
+        raise ValueError(f"{what}: shared-memory messages take contiguous tensors")
+    return t.reshape(-1).view(torch.uint8)
+
+
+class ShmWork:
+    """A send or receive in flight: `wait()` and `is_completed()` as a torch.distributed
+    work object has them. `got` counts the bytes moved so far."""
+
+    __slots__ = ("chan", "view", "tag", "sending", "what", "got", "error", "done", "started")
+
+    def __init__(self, chan: "ShmChannel | None", view: torch.Tensor, tag: int, sending: bool, what: str):
+        self.chan, self.view, self.tag, self.sending, self.what = chan, view, tag, sending, what
+        self.got = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.started = time.monotonic()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+    def is_completed(self) -> bool:
+        return self.done.is_set()
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until done; a lost peer raises ShmPeerError naming it (within CHECK_S)."""
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        while not self.done.wait(CHECK_S):
+            self.chan.check(self, limit)
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class ShmChannel:
+    """Messages to and from one peer on this host (see the module docstring). The
+    `group` argument of isend/irecv (a gloo lane) does not matter here: a tag names a
+    message between the pair on every lane."""
+
+    def __init__(self, pump: "Pump", peer: int):
+        self.pump, self.peer = pump, peer
+        self.inbox: Ring = pump.mailbox.rings[peer]
+        self.out: Ring | None = None  # the peer's ring for us, once its mailbox exists
+        self.out_pid = 0
+        self.next_attach = 0.0
+        self.sends: deque[ShmWork] = deque()
+        self.posted: dict[int, deque[ShmWork]] = {}
+        self.orphans: dict[int, deque[ShmWork]] = {}  # arrived before their receive was posted
+        self.current: ShmWork | None = None  # the message the inbox is in the middle of
+        self.n_posted = 0  # receives in `posted`
+
+    def isend(self, t: torch.Tensor, tag: int, group=None, what: str = "send") -> ShmWork:
+        work = ShmWork(self, _bytes(t, what), tag, True, what)
+        self.pump.submit(self, work)
+        return work
+
+    def irecv(self, t: torch.Tensor, tag: int, group=None, what: str = "receive") -> ShmWork:
+        work = ShmWork(self, _bytes(t, what), tag, False, what)
+        self.pump.submit(self, work)
+        return work
+
+    # ---- the waiter's checks (caller's thread) ----------------------------------------
+    def check(self, work: ShmWork, limit: float | None) -> None:
+        """Raise ShmPeerError when the peer is gone or silent past the timeout."""
+        pid = self.out_pid if work.sending else self.inbox.sender_pid
+        waited = time.monotonic() - work.started
+        if (pid and gone(pid)) or self.peer in self.pump.lost_ranks():
+            raise ShmPeerError(f"rank {self.peer} ended while {work.what} over shared memory (its process is gone)",
+                               [self.peer])
+        if waited > (self.pump.timeout_s if limit is None else limit):
+            raise ShmPeerError(f"rank {self.peer} did not answer within {waited:.0f} s while {work.what} over "
+                               "shared memory", [self.peer])
+
+    # ---- the pump's side (pump thread only) -------------------------------------------
+    def take(self, work: ShmWork) -> None:
+        """A posted work enters the channel's queues."""
+        if work.sending:
+            self.sends.append(work)
+            return
+        waiting = self.orphans.get(work.tag)
+        if not waiting:
+            self.posted.setdefault(work.tag, deque()).append(work)
+            self.n_posted += 1
+            return
+        orphan = waiting.popleft()
+        if orphan.view.numel() != work.view.numel():
+            work.finish(self._mismatch(orphan.view.numel(), work))
+            return
+        work.view[:orphan.got].copy_(orphan.view[:orphan.got])
+        work.got = orphan.got
+        if orphan.done.is_set():
+            work.finish()
+        else:  # still arriving: the rest goes straight into the receiver's buffer
+            self.current = work
+
+    @property
+    def outstanding(self) -> bool:
+        return bool(self.sends) or self.current is not None or self.n_posted > 0
+
+    def pump_out(self) -> bool:
+        """Write pending sends into the peer's ring while it has room; whether any moved."""
+        if not self.sends or not self._attached():
+            return False
+        ring, moved = self.out, False
+        while self.sends and ring.space():
+            w = self.sends[0]
+            n = min(ring.slot_bytes, w.view.numel() - w.got)
+            ring.put(w.tag, w.view.numel(), w.got, w.view[w.got:w.got + n])
+            w.got += n
+            moved = True
+            if w.got >= w.view.numel():
+                self.sends.popleft()
+                w.finish()
+        return moved
+
+    def pump_in(self) -> bool:
+        """Read this peer's ring into posted receives (or orphans) while anything is
+        expected; whether any chunk moved."""
+        moved = False
+        while (self.current is not None or self.n_posted) and self.inbox.ready():
+            tag, total, offset, chunk = self.inbox.peek()
+            if offset == 0:
+                self.current = self._destination(tag, total)
+            w = self.current
+            n = chunk.numel()
+            if n:
+                w.view[offset:offset + n].copy_(chunk)
+            w.got = offset + n
+            self.inbox.pop()
+            moved = True
+            if w.got >= total:
+                self.current = None
+                if not w.done.is_set():
+                    w.finish()
+        return moved
+
+    def _destination(self, tag: int, total: int) -> ShmWork:
+        """Where a new message goes: the oldest receive posted for its tag, else a buffer
+        of its own kept for the receive to come. A receive of another size fails (as
+        gloo's does) and the message is read into a scratch buffer and dropped."""
+        waiting = self.posted.get(tag)
+        if waiting:
+            w = waiting.popleft()
+            self.n_posted -= 1
+            if w.view.numel() == total:
+                return w
+            w.finish(self._mismatch(total, w))
+            return ShmWork(None, torch.empty(total, dtype=torch.uint8), tag, False, "dropped")
+        orphan = ShmWork(None, torch.empty(total, dtype=torch.uint8), tag, False, "unmatched")
+        self.orphans.setdefault(tag, deque()).append(orphan)
+        return orphan
+
+    def fail(self, err: BaseException) -> None:
+        """Every work of this channel fails with `err` (the pump hit an error on it)."""
+        works = list(self.sends) + [w for q in self.posted.values() for w in q]
+        works += [self.current] if self.current is not None else []
+        self.sends.clear()
+        self.posted.clear()
+        self.n_posted, self.current = 0, None
+        for w in works:
+            if not w.done.is_set():
+                w.finish(err)
+
+    def _mismatch(self, total: int, w: ShmWork) -> RuntimeError:
+        return RuntimeError(f"{w.what}: rank {self.peer} sent a message of {total} bytes with tag {w.tag} "
+                            f"to a receive buffer of {w.view.numel()} bytes")
+
+    def _attached(self) -> bool:
+        if self.out is not None:
+            return True
+        now = time.monotonic()
+        if now < self.next_attach:
+            return False
+        self.next_attach = now + ATTACH_EVERY
+        p = self.pump
+        try:
+            found = attach(p.job_id, p.secret, p.key, self.peer, p.rank)
+        except BaseException as err:  # another job's segment, or disagreeing peers: every send fails
+            for w in self.sends:
+                w.finish(err)
+            self.sends.clear()
+            return False
+        if found is None:
+            return False
+        seg, self.out = found
+        self.out_pid = seg.pid
+        p.keep.append(seg)
+        return True
+
+
+class Pump:
+    """This process's mailbox and the thread that moves every shared-memory message (see
+    the module docstring). `partners`: the ranks that may send to it and receive from it
+    over shared memory; `lost()` gives ranks the launcher knows to be dead or hung."""
+
+    def __init__(self, job_id: str, secret: str, key: str, rank: int, partners: Sequence[int],
+                 timeout_s: float = 60.0, lost: Callable[[], Sequence[int]] | None = None, **ring):
+        self.job_id, self.secret, self.key, self.rank = job_id, secret, key, rank
+        self.timeout_s = timeout_s
+        self._lost = lost
+        self.mailbox = Mailbox(job_id, secret, key, rank, partners, **ring)
+        self.keep: list = []  # the peers' mailboxes mapped here (kept for the process's life)
+        self.channels = {p: ShmChannel(self, p) for p in self.mailbox.senders}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="hetrain-shm-p2p", daemon=True)
+        self._thread.start()
+        atexit.register(self.mailbox.segment.unlink)
+
+    def submit(self, chan: ShmChannel, work: ShmWork) -> None:
+        self._queue.put((chan, work))
+
+    def lost_ranks(self) -> Sequence[int]:
+        return self._lost() if self._lost is not None else ()
+
+    def _run(self) -> None:
+        """The thread: take posted works, move what can move, sleep a little when nothing
+        could (a growing nap while anything is outstanding, until the next post when
+        nothing is). A daemon thread: a process that leaves mid-step does not wait for it."""
+        nap, chans = 0.0, list(self.channels.values())
+        while True:
+            moved = False
+            for ch in chans:
+                try:
+                    moved |= ch.pump_out()
+                    moved |= ch.pump_in()
+                except Exception as err:  # handed to whoever waits on the channel's works
+                    ch.fail(err)
+            if moved:
+                nap = 0.0
+                timeout: float | None = 0.0
+            elif any(ch.outstanding for ch in chans):
+                nap = min(NAP_MAX, max(2e-5, nap * 2))
+                timeout = nap
+            else:
+                timeout = None if self.mailbox.tidy() else CHECK_S
+            try:
+                item = self._queue.get(timeout=timeout) if timeout != 0.0 else self._queue.get_nowait()
+            except queue.Empty:
+                continue
+            while item is not None:
+                try:
+                    item[0].take(item[1])
+                except Exception as err:
+                    item[1].finish(err)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            nap = 0.0
