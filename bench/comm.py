@@ -10,6 +10,9 @@ real `hetrain launch`; rank 0 reports the median of the repeats.
 The `colocated` section (bench/colocated.py) runs first: 2 and 4 processes on this host,
 4 MB and 100 MB, hetrain's shared-memory all-reduce beside gloo's in the same processes,
 and the memcpy bound (no namespaces needed; `--sections colocated` runs it alone).
+The `server_link` section (bench/server_link.py) then times push_pull of 2 workers and a
+summation server on this host, 4 MB and 100 MB, partitions through shared memory beside
+gloo over loopback (`--server-link auto` vs `gloo`; `--sections server_link` alone).
 """
 from __future__ import annotations
 
@@ -108,8 +111,9 @@ def main() -> int:
     ap.add_argument("--mtu", type=int, default=MTU, help="MTU of the emulated links")
     ap.add_argument("--partition-bytes", type=int, default=65_536,
                     help="BytePS's 4 MB is ~1.3 ms on a 25 Gbit/s link; 64 KB is that on these 400 Mbit/s links")
-    ap.add_argument("--sections", default="colocated,cases",
-                    help="colocated: processes of this host, shared memory vs gloo; cases: the emulated cluster")
+    ap.add_argument("--sections", default="colocated,server_link,cases",
+                    help="colocated: processes of this host, shared memory vs gloo; server_link: workers and a "
+                         "summation server of this host, shared memory vs gloo; cases: the emulated cluster")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
@@ -126,6 +130,14 @@ def main() -> int:
         out["colocated"] = colocated.run([2, 4], [4_000_000, 100_000_000], args.repeats)
         print("\nall-reduce among processes of this host: shared memory vs gloo\n" + colocated.table(out["colocated"]))
         if args.json:  # written now too: the cases below take long
+            Path(args.json).write_text(json.dumps(out, indent=2))
+    if "server_link" in sections:
+        import server_link
+
+        out["server_link"] = server_link.run(repeats=3 if args.quick else args.repeats, launches=2 if args.quick else 4)
+        print("\npush_pull, 2 workers + 1 summation server on this host: shared memory vs gloo\n"
+              + server_link.table(out["server_link"]))
+        if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
     if "cases" not in sections:
         if args.json:

@@ -153,7 +153,8 @@ class SummationServer:
     def _post_recv(self, i: int) -> list:
         p, buf = self.mine[i], self.bufs[i]
         g, tag = self.ctx.lane(p.lane), part_tag(self.epoch, p.pid)
-        return [self.channels[w].irecv(buf[k], tag, g) for k, w in enumerate(self.pushers[i])]
+        what = f"receiving partition {p.pid}"
+        return [self.channels[w].irecv(buf[k], tag, g, what) for k, w in enumerate(self.pushers[i])]
 
     def _round(self, recvs: list) -> list | None:
         """Sum every partition and send it back. While speculating, each partition's
@@ -190,7 +191,8 @@ class SummationServer:
         for w in pushers:
             self.ctx.pace(w, total.numel() * total.element_size())
         tag = part_tag(self.epoch, p.pid)
-        return [(w, p.pid, self.channels[w].isend(total, tag, g)) for w in pushers]
+        what = f"returning the sum of partition {p.pid}"
+        return [(w, p.pid, self.channels[w].isend(total, tag, g, what)) for w in pushers]
 
     def _sum_encoded(self, i: int, buf: torch.Tensor, out: torch.Tensor) -> None:
         w, dec = self.wire[i], self.decoded[i]

@@ -44,7 +44,11 @@ from ..p2p import host_only
 from .mailbox import Mailbox, Ring, attach
 from .waits import CHECK_S, ShmPeerError, gone
 
-NAP_MAX = 1e-3  # the pump's longest sleep while messages are outstanding
+NAP_MAX = 1e-3  # the pump's longest sleep while receives wait for a message to start
+# ... and while a message streams through a ring (the peer frees or fills a slot in the
+# time of one chunk's copy: a longer nap would leave the ring idle)
+NAP_STREAM = 5e-5
+_STOP = object()
 ATTACH_EVERY = 5e-3  # how often the pump looks for a receiver's mailbox not made yet
 
 
@@ -145,6 +149,12 @@ class ShmChannel:
             work.finish()
         else:  # still arriving: the rest goes straight into the receiver's buffer
             self.current = work
+
+    @property
+    def streaming(self) -> bool:
+        """A message is part-way through: sends wait for room in an attached ring, or the
+        inbox is in the middle of one."""
+        return (bool(self.sends) and self.out is not None) or self.current is not None
 
     @property
     def outstanding(self) -> bool:
@@ -257,7 +267,16 @@ class Pump:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="hetrain-shm-p2p", daemon=True)
         self._thread.start()
-        atexit.register(self.mailbox.segment.unlink)
+        atexit.register(self.close)
+
+    def close(self, wait_s: float = 1.0) -> None:
+        """Stop the thread (at exit, while the interpreter is whole: a daemon thread
+        inside a torch copy when the interpreter finalises would abort the process, see
+        runtime/settle.py) and unlink the mailbox's name if a sender never attached.
+        The mappings stay until the process ends (a peer may still write into them)."""
+        self._queue.put(_STOP)
+        self._thread.join(wait_s)
+        self.mailbox.segment.unlink()
 
     def submit(self, chan: ShmChannel, work: ShmWork) -> None:
         self._queue.put((chan, work))
@@ -282,7 +301,8 @@ class Pump:
                 nap = 0.0
                 timeout: float | None = 0.0
             elif any(ch.outstanding for ch in chans):
-                nap = min(NAP_MAX, max(2e-5, nap * 2))
+                cap = NAP_STREAM if any(ch.streaming for ch in chans) else NAP_MAX
+                nap = min(cap, max(1e-5, nap * 2))
                 timeout = nap
             else:
                 timeout = None if self.mailbox.tidy() else CHECK_S
@@ -291,6 +311,8 @@ class Pump:
             except queue.Empty:
                 continue
             while item is not None:
+                if item is _STOP:
+                    return
                 try:
                     item[0].take(item[1])
                 except Exception as err:
