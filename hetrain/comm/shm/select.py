@@ -143,9 +143,18 @@ def channels_for(ctx, peers: list[int]) -> dict[int, Channel]:
 
 def _pump(ctx, local: list[int]):
     from .channel import Pump
+    from .mailbox import DIRECTORY, SLOT_BYTES, SLOTS, ring_bytes
 
     key = (ctx.env.job_id, ctx.env.restart, ctx.rank)
     if key not in _PUMPS:
+        # tmpfs makes a file of any size and kills the process that touches a page it has
+        # no room for (SIGBUS): refuse up front, saying what to do
+        need, st = DIRECTORY + len(local) * ring_bytes(SLOTS, SLOT_BYTES), os.statvfs(SHM_DIR)
+        if need > st.f_bavail * st.f_frsize // 2:
+            raise UserError(f"{SHM_DIR} has {st.f_bavail * st.f_frsize >> 20} MiB free; the shared-memory mailbox of "
+                            f"{ctx.describe(ctx.rank)} for the {len(local)} peer(s) on its host needs {need >> 20} MiB "
+                            "and leaves half the space to others: give the container more (docker run "
+                            "--shm-size=1g), or move partitions over gloo with `hetrain launch --server-link gloo`")
         def lost() -> list[int]:
             return list(ctx.lost_peers(wait_s=0.0))
 
