@@ -297,6 +297,7 @@ class Pump:
                     moved |= ch.pump_in()
                 except Exception as err:  # handed to whoever waits on the channel's works
                     ch.fail(err)
+            tidy = self.mailbox.tidy() if self.mailbox.segment.linked and not moved else True
             if moved:
                 nap = 0.0
                 timeout: float | None = 0.0
@@ -305,7 +306,7 @@ class Pump:
                 nap = min(cap, max(1e-5, nap * 2))
                 timeout = nap
             else:
-                timeout = None if self.mailbox.tidy() else CHECK_S
+                timeout = None if tidy else CHECK_S
             try:
                 item = self._queue.get(timeout=timeout) if timeout != 0.0 else self._queue.get_nowait()
             except queue.Empty:
