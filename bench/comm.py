@@ -134,7 +134,7 @@ def main() -> int:
     if "server_link" in sections:
         import server_link
 
-        out["server_link"] = server_link.run(repeats=3 if args.quick else args.repeats, launches=2 if args.quick else 4)
+        out["server_link"] = server_link.run(repeats=10 if args.quick else 20, launches=2 if args.quick else 4)
         print("\npush_pull, 2 workers + 1 summation server on this host: shared memory vs gloo\n"
               + server_link.table(out["server_link"]))
         if args.json:

@@ -111,7 +111,7 @@ def table(cases: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 launches per link, 3 calls per size (~1-2 min)")
+    ap.add_argument("--quick", action="store_true", help="2 launches per link, 10 calls per size (~1-2 min)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -122,7 +122,7 @@ def main() -> int:
     if a.worker:
         worker(a.out, sizes, a.repeats)
         return 0
-    cases = run(sizes, 3 if a.quick else 7, 2 if a.quick else 4)
+    cases = run(sizes, 10 if a.quick else 20, 2 if a.quick else 4)
     print("\npush_pull, 2 workers + 1 summation server on this host: shared memory vs gloo\n" + table(cases))
     if a.json:
         Path(a.json).write_text(json.dumps({"server_link": cases}, indent=2))

@@ -8,12 +8,12 @@ Why this shape. The worker <-> summation-server protocol (comm/transports/base.p
 `ServerLeg`, comm/server.py) posts every partition's send and receive at once and waits
 later; the server posts the next step's receives long before the workers send. A
 channel therefore needs to move bytes while neither side waits on it, as gloo's I/O
-thread does. Here one background thread per process (`Pump`) does every copy: it writes
-pending sends into the receiver's mailbox ring a slot at a time (comm/shm/mailbox.py)
-and reads its own rings into the posted receive buffers, so a message is copied twice
+thread does. Here two background threads per process (`Pump`) do every copy: one writes
+pending sends into the receivers' mailbox rings a slot at a time (comm/shm/mailbox.py),
+the other reads this process's rings into the posted receive buffers, so a message is copied twice
 (sender's buffer -> slot -> receiver's buffer) at memcpy speed, with no socket and no
-kernel crossing. Copies release the GIL (torch's copy_), so they overlap the caller's
-compute. A message that arrives before its receive is posted goes to a buffer of its
+kernel crossing. Copies release the GIL (glibc's memcpy through ctypes: mailbox.py
+`memcopy`), so they overlap the caller's compute. A message that arrives before its receive is posted goes to a buffer of its
 own (kept while the ring behind it drains) and is copied over when the receive comes.
 
 Why not a server-leg special (workers writing partitions into slots the server sums
@@ -41,10 +41,13 @@ from datetime import timedelta
 import torch
 
 from ..p2p import host_only
-from .mailbox import Mailbox, Ring, attach
+from .mailbox import Mailbox, Ring, attach, memcopy
 from .waits import CHECK_S, ShmPeerError, gone
 
-NAP_MAX = 1e-3  # the pump's longest sleep while receives wait for a message to start
+# the pump's longest sleep while receives wait for a message to start: each message
+# waits up to this long after it is written (a server's receives are posted a step
+# ahead); 0.2 ms costs a few percent of a core in wake-ups while receives are posted
+NAP_MAX = 2e-4
 # ... and while a message streams through a ring (the peer frees or fills a slot in the
 # time of one chunk's copy: a longer nap would leave the ring idle)
 NAP_STREAM = 5e-5
@@ -143,22 +146,24 @@ class ShmChannel:
         if orphan.view.numel() != work.view.numel():
             work.finish(self._mismatch(orphan.view.numel(), work))
             return
-        work.view[:orphan.got].copy_(orphan.view[:orphan.got])
+        memcopy(work.view, orphan.view, orphan.got)
         work.got = orphan.got
         if orphan.done.is_set():
             work.finish()
         else:  # still arriving: the rest goes straight into the receiver's buffer
             self.current = work
 
-    @property
-    def streaming(self) -> bool:
+    def streaming(self, sending: bool) -> bool:
         """A message is part-way through: sends wait for room in an attached ring, or the
         inbox is in the middle of one."""
-        return (bool(self.sends) and self.out is not None) or self.current is not None
+        if sending:
+            return bool(self.sends) and self.out is not None
+        return self.current is not None
 
-    @property
-    def outstanding(self) -> bool:
-        return bool(self.sends) or self.current is not None or self.n_posted > 0
+    def outstanding(self, sending: bool) -> bool:
+        if sending:
+            return bool(self.sends)
+        return self.current is not None or self.n_posted > 0
 
     def pump_out(self) -> bool:
         """Write pending sends into the peer's ring while it has room; whether any moved."""
@@ -187,7 +192,7 @@ class ShmChannel:
             w = self.current
             n = chunk.numel()
             if n:
-                w.view[offset:offset + n].copy_(chunk)
+                memcopy(w.view[offset:], chunk, n)
             w.got = offset + n
             self.inbox.pop()
             moved = True
@@ -213,13 +218,16 @@ class ShmChannel:
         self.orphans.setdefault(tag, deque()).append(orphan)
         return orphan
 
-    def fail(self, err: BaseException) -> None:
-        """Every work of this channel fails with `err` (the pump hit an error on it)."""
-        works = list(self.sends) + [w for q in self.posted.values() for w in q]
-        works += [self.current] if self.current is not None else []
-        self.sends.clear()
-        self.posted.clear()
-        self.n_posted, self.current = 0, None
+    def fail(self, err: BaseException, sending: bool) -> None:
+        """Every work of one direction fails with `err` (its pump hit an error on it)."""
+        if sending:
+            works = list(self.sends)
+            self.sends.clear()
+        else:
+            works = [w for q in self.posted.values() for w in q]
+            works += [self.current] if self.current is not None else []
+            self.posted.clear()
+            self.n_posted, self.current = 0, None
         for w in works:
             if not w.done.is_set():
                 w.finish(err)
@@ -252,9 +260,11 @@ class ShmChannel:
 
 
 class Pump:
-    """This process's mailbox and the thread that moves every shared-memory message (see
-    the module docstring). `partners`: the ranks that may send to it and receive from it
-    over shared memory; `lost()` gives ranks the launcher knows to be dead or hung."""
+    """This process's mailbox and the two threads that move every shared-memory message
+    (see the module docstring): one writes sends into the peers' rings, one reads this
+    process's rings into receives, so a server copies its next pushes in while it copies
+    the last sum out. `partners`: the ranks that may send to it and receive from it over
+    shared memory; `lost()` gives ranks the launcher knows to be dead or hung."""
 
     def __init__(self, job_id: str, secret: str, key: str, rank: int, partners: Sequence[int],
                  timeout_s: float = 60.0, lost: Callable[[], Sequence[int]] | None = None, **ring):
@@ -264,51 +274,65 @@ class Pump:
         self.mailbox = Mailbox(job_id, secret, key, rank, partners, **ring)
         self.keep: list = []  # the peers' mailboxes mapped here (kept for the process's life)
         self.channels = {p: ShmChannel(self, p) for p in self.mailbox.senders}
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="hetrain-shm-p2p", daemon=True)
-        self._thread.start()
+        self.lanes = (_Lane(self, sending=False), _Lane(self, sending=True))
         atexit.register(self.close)
 
     def close(self, wait_s: float = 1.0) -> None:
-        """Stop the thread (at exit, while the interpreter is whole: a daemon thread
+        """Stop the threads (at exit, while the interpreter is whole: a daemon thread
         inside a torch copy when the interpreter finalises would abort the process, see
         runtime/settle.py) and unlink the mailbox's name if a sender never attached.
         The mappings stay until the process ends (a peer may still write into them)."""
-        self._queue.put(_STOP)
-        self._thread.join(wait_s)
+        for lane in self.lanes:
+            lane.queue.put(_STOP)
+        for lane in self.lanes:
+            lane.thread.join(wait_s)
         self.mailbox.segment.unlink()
 
     def submit(self, chan: ShmChannel, work: ShmWork) -> None:
-        self._queue.put((chan, work))
+        self.lanes[work.sending].queue.put((chan, work))
 
     def lost_ranks(self) -> Sequence[int]:
         return self._lost() if self._lost is not None else ()
 
+
+class _Lane:
+    """One of a pump's threads: the sends of every channel, or the receives. Each owns its
+    half of the channels' state (sends and the peers' rings; receives, orphans and this
+    process's rings), so the two need no lock."""
+
+    def __init__(self, pump: Pump, sending: bool):
+        self.pump, self.sending = pump, sending
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        name = "hetrain-shm-send" if sending else "hetrain-shm-recv"
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
     def _run(self) -> None:
-        """The thread: take posted works, move what can move, sleep a little when nothing
-        could (a growing nap while anything is outstanding, until the next post when
-        nothing is). A daemon thread: a process that leaves mid-step does not wait for it."""
-        nap, chans = 0.0, list(self.channels.values())
+        """Take posted works, move what can move, sleep a little when nothing could (a
+        growing nap while anything is outstanding, until the next post when nothing is).
+        A daemon thread: a process that leaves mid-step does not wait for it. The
+        receiving lane also unlinks the mailbox's name once every sender has attached."""
+        sending, box = self.sending, self.pump.mailbox
+        nap, chans = 0.0, list(self.pump.channels.values())
         while True:
             moved = False
             for ch in chans:
                 try:
-                    moved |= ch.pump_out()
-                    moved |= ch.pump_in()
+                    moved |= ch.pump_out() if sending else ch.pump_in()
                 except Exception as err:  # handed to whoever waits on the channel's works
-                    ch.fail(err)
-            tidy = self.mailbox.tidy() if self.mailbox.segment.linked and not moved else True
+                    ch.fail(err, sending)
+            tidy = sending or moved or not box.segment.linked or box.tidy()
             if moved:
                 nap = 0.0
                 timeout: float | None = 0.0
-            elif any(ch.outstanding for ch in chans):
-                cap = NAP_STREAM if any(ch.streaming for ch in chans) else NAP_MAX
+            elif any(ch.outstanding(sending) for ch in chans):
+                cap = NAP_STREAM if any(ch.streaming(sending) for ch in chans) else NAP_MAX
                 nap = min(cap, max(1e-5, nap * 2))
                 timeout = nap
             else:
                 timeout = None if tidy else CHECK_S
             try:
-                item = self._queue.get(timeout=timeout) if timeout != 0.0 else self._queue.get_nowait()
+                item = self.queue.get(timeout=timeout) if timeout != 0.0 else self.queue.get_nowait()
             except queue.Empty:
                 continue
             while item is not None:
@@ -319,7 +343,7 @@ class Pump:
                 except Exception as err:
                     item[1].finish(err)
                 try:
-                    item = self._queue.get_nowait()
+                    item = self.queue.get_nowait()
                 except queue.Empty:
                     item = None
             nap = 0.0

@@ -23,6 +23,7 @@ launcher removes what a killed process left (runtime/shmnames.py).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Sequence
 
@@ -39,6 +40,15 @@ SLOT_HEADER = 64
 HEAD, TAIL, PID = 0, 8, 16  # int64 indices in the control block (64 bytes apart)
 SLOTS = 8
 SLOT_BYTES = 1 << 20  # a chunk stays in the cores' caches between the sender's and the receiver's copy
+
+
+def memcopy(dst: torch.Tensor, src: torch.Tensor, n: int) -> None:
+    """Copy the first `n` bytes of contiguous `src` to `dst`: glibc's memcpy through ctypes,
+    which releases the GIL. Why not `dst.copy_(src)`: torch parallelises a copy over its
+    intra-op threads, and called from the pump's threads that starts an OpenMP team per
+    thread whose spinning workers fight the processes' compute for the host's cores; one
+    thread's memcpy is what a ring needs."""
+    ctypes.memmove(dst.data_ptr(), src.data_ptr(), n)
 
 
 def ring_bytes(slots: int, slot_bytes: int) -> int:
@@ -77,7 +87,7 @@ class Ring:
         k = self.head % self.slots
         n = chunk.numel()
         if n:
-            self.data[k][:n].copy_(chunk)
+            memcopy(self.data[k], chunk, n)
         h = self.hdr[k]
         h[0], h[1], h[2], h[3] = tag, total, offset, n
         self.head += 1
@@ -91,6 +101,8 @@ class Ring:
         """The oldest unread chunk: (tag, message bytes, offset, chunk bytes as a view)."""
         k = self.tail % self.slots
         tag, total, offset, n = (int(x) for x in self.hdr[k])
+        if not (0 <= n <= self.slot_bytes and 0 <= offset and offset + n <= total):  # never copy past a buffer
+            raise RuntimeError(f"corrupt shared-memory ring: chunk of {n} bytes at {offset} of a {total}-byte message")
         return tag, total, offset, self.data[k][:n]
 
     def pop(self) -> None:
