@@ -108,7 +108,8 @@ def build(ctx, members, cuda: bool) -> HostGroup | None:
 
 
 # ---- a worker and its summation servers -----------------------------------------------
-_PUMPS: dict[tuple, object] = {}  # per (job, round, rank): this process's mailbox and its thread
+_PUMPS: dict[tuple, object] = {}  # per (job, round, rank): this process's mailbox and its threads
+_CHANNELS: dict[tuple, dict] = {}  # per (job, round, rank, peers): the channels chosen
 
 
 def _hosts_shm(ctx) -> bool:
@@ -133,11 +134,17 @@ def channels_for(ctx, peers: list[int]) -> dict[int, Channel]:
     """One channel per peer in `peers`: shared memory for a partner on this host
     (comm/shm/channel.py; this process's mailbox is made at the first call), gloo for
     the others. Both ends decide from the same topology, so they agree."""
+    env = getattr(ctx, "env", None)
+    key = (env.job_id, env.restart, ctx.rank, tuple(peers)) if env is not None else None
+    if key in _CHANNELS:  # the server leg is made at every step: decide once
+        return _CHANNELS[key]
     local = set(partners(ctx))
     out: dict[int, Channel] = {p: GlooChannel(p) for p in peers if p not in local}
     if local & set(peers):
         pump = _pump(ctx, sorted(local))
         out.update({p: pump.channels[p] for p in peers if p in local})
+    if key is not None:
+        _CHANNELS[key] = out
     return out
 
 
