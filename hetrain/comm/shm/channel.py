@@ -31,7 +31,6 @@ headers are int64 fields, payloads raw bytes copied into the caller's tensor.
 from __future__ import annotations
 
 import atexit
-import queue
 import threading
 import time
 from collections import deque
@@ -51,7 +50,10 @@ NAP_MAX = 2e-4
 # ... and while a message streams through a ring (the peer frees or fills a slot in the
 # time of one chunk's copy: a longer nap would leave the ring idle)
 NAP_STREAM = 5e-5
-_STOP = object()
+# a waiter first polls, yielding the core between looks, for this long: a sleep of any
+# length lasts 50 us or more (the kernel's timer slack), a round trip of a small message
+# much less
+YIELD_S = 2e-4
 ATTACH_EVERY = 5e-3  # how often the pump looks for a receiver's mailbox not made yet
 
 
@@ -83,10 +85,27 @@ class ShmWork:
         return self.done.is_set()
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Block until done; a lost peer raises ShmPeerError naming it (within CHECK_S)."""
+        """Block until done, moving this channel's messages in the waiting thread too
+        where its pump thread is not at it (no hand-over to wait for); a lost peer raises
+        ShmPeerError naming it (within CHECK_S)."""
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        while not self.done.wait(CHECK_S):
-            self.chan.check(self, limit)
+        start = time.monotonic()
+        check_at, nap = start + CHECK_S, 0.0
+        while not self.done.is_set():
+            if self.chan.help(self.sending):
+                nap = 0.0
+                continue
+            now = time.monotonic()
+            if now - start < YIELD_S:  # a peer on another core is usually there already
+                time.sleep(0)
+                continue
+            cap = NAP_STREAM if self.chan.streaming(self.sending) else NAP_MAX
+            nap = min(cap, max(1e-5, nap * 2))
+            if self.done.wait(nap):
+                break
+            if now >= check_at:
+                self.chan.check(self, limit)
+                check_at = time.monotonic() + CHECK_S
         if self.error is not None:
             raise self.error
         return True
@@ -108,16 +127,46 @@ class ShmChannel:
         self.orphans: dict[int, deque[ShmWork]] = {}  # arrived before their receive was posted
         self.current: ShmWork | None = None  # the message the inbox is in the middle of
         self.n_posted = 0  # receives in `posted`
+        # the sending half (sends, the peer's ring) and the receiving half (posted,
+        # orphans, current, the inbox) each move under a lock of its own, by the pump's
+        # thread for that half or by a caller (posting, or waiting: `help`)
+        self.locks = (threading.Lock(), threading.Lock())  # [receiving, sending]
 
     def isend(self, t: torch.Tensor, tag: int, group=None, what: str = "send") -> ShmWork:
+        """Post a send. A message of one slot or less, with nothing queued before it and
+        room in the ring, is written at once (no hand-over to the pump's thread); a
+        larger one is left to the thread, so posting never waits for a long copy."""
         work = ShmWork(self, _bytes(t, what), tag, True, what)
-        self.pump.submit(self, work)
+        with self.locks[True]:
+            self.sends.append(work)
+            if work.view.numel() <= self.pump.slot_bytes and len(self.sends) == 1:
+                self.pump_out()
+        if not work.done.is_set():
+            self.pump.wake(True)
         return work
 
     def irecv(self, t: torch.Tensor, tag: int, group=None, what: str = "receive") -> ShmWork:
+        """Post a receive (matched at once by a message already kept for its tag)."""
         work = ShmWork(self, _bytes(t, what), tag, False, what)
-        self.pump.submit(self, work)
+        with self.locks[False]:
+            self.take(work)
+        if not work.done.is_set():
+            self.pump.wake(False)
         return work
+
+    def help(self, sending: bool) -> bool:
+        """Move this channel's messages of one direction from a waiting caller, unless the
+        pump's thread is at them; whether anything moved."""
+        lock = self.locks[sending]
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return self.pump_out() if sending else self.pump_in()
+        except Exception as err:  # handed to whoever waits on the channel's works
+            self.fail(err, sending)
+            return True
+        finally:
+            lock.release()
 
     # ---- the waiter's checks (caller's thread) ----------------------------------------
     def check(self, work: ShmWork, limit: float | None) -> None:
@@ -131,12 +180,9 @@ class ShmChannel:
             raise ShmPeerError(f"rank {self.peer} did not answer within {waited:.0f} s while {work.what} over "
                                "shared memory", [self.peer])
 
-    # ---- the pump's side (pump thread only) -------------------------------------------
+    # ---- moving messages (under the direction's lock) ----------------------------------
     def take(self, work: ShmWork) -> None:
-        """A posted work enters the channel's queues."""
-        if work.sending:
-            self.sends.append(work)
-            return
+        """A posted receive enters the channel's queues."""
         waiting = self.orphans.get(work.tag)
         if not waiting:
             self.posted.setdefault(work.tag, deque()).append(work)
@@ -260,11 +306,12 @@ class ShmChannel:
 
 
 class Pump:
-    """This process's mailbox and the two threads that move every shared-memory message
+    """This process's mailbox and the two threads that move its shared-memory messages
     (see the module docstring): one writes sends into the peers' rings, one reads this
     process's rings into receives, so a server copies its next pushes in while it copies
-    the last sum out. `partners`: the ranks that may send to it and receive from it over
-    shared memory; `lost()` gives ranks the launcher knows to be dead or hung."""
+    the last sum out; callers move their own messages too when they can (`help`).
+    `partners`: the ranks that may send to it and receive from it over shared memory;
+    `lost()` gives ranks the launcher knows to be dead or hung."""
 
     def __init__(self, job_id: str, secret: str, key: str, rank: int, partners: Sequence[int],
                  timeout_s: float = 60.0, lost: Callable[[], Sequence[int]] | None = None, **ring):
@@ -272,6 +319,7 @@ class Pump:
         self.timeout_s = timeout_s
         self._lost = lost
         self.mailbox = Mailbox(job_id, secret, key, rank, partners, **ring)
+        self.slot_bytes = self.mailbox.slot_bytes
         self.keep: list = []  # the peers' mailboxes mapped here (kept for the process's life)
         self.channels = {p: ShmChannel(self, p) for p in self.mailbox.senders}
         self.lanes = (_Lane(self, sending=False), _Lane(self, sending=True))
@@ -279,71 +327,60 @@ class Pump:
 
     def close(self, wait_s: float = 1.0) -> None:
         """Stop the threads (at exit, while the interpreter is whole: a daemon thread
-        inside a torch copy when the interpreter finalises would abort the process, see
+        inside a copy when the interpreter finalises would abort the process, see
         runtime/settle.py) and unlink the mailbox's name if a sender never attached.
         The mappings stay until the process ends (a peer may still write into them)."""
         for lane in self.lanes:
-            lane.queue.put(_STOP)
+            lane.stop = True
+            lane.bell.set()
         for lane in self.lanes:
             lane.thread.join(wait_s)
         self.mailbox.segment.unlink()
 
-    def submit(self, chan: ShmChannel, work: ShmWork) -> None:
-        self.lanes[work.sending].queue.put((chan, work))
+    def wake(self, sending: bool) -> None:
+        self.lanes[sending].bell.set()
 
     def lost_ranks(self) -> Sequence[int]:
         return self._lost() if self._lost is not None else ()
 
 
 class _Lane:
-    """One of a pump's threads: the sends of every channel, or the receives. Each owns its
-    half of the channels' state (sends and the peers' rings; receives, orphans and this
-    process's rings), so the two need no lock."""
+    """One of a pump's threads: the sends of every channel, or the receives, each
+    channel's under that direction's lock."""
 
     def __init__(self, pump: Pump, sending: bool):
         self.pump, self.sending = pump, sending
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.bell = threading.Event()  # rung when a work is posted
+        self.stop = False
         name = "hetrain-shm-send" if sending else "hetrain-shm-recv"
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        """Take posted works, move what can move, sleep a little when nothing could (a
-        growing nap while anything is outstanding, until the next post when nothing is).
-        A daemon thread: a process that leaves mid-step does not wait for it. The
-        receiving lane also unlinks the mailbox's name once every sender has attached."""
+        """Move what can move, sleep a little when nothing could (a growing nap while
+        anything is outstanding, until the next post when nothing is). A daemon thread:
+        a process that leaves mid-step does not wait for it. The receiving lane also
+        unlinks the mailbox's name once every sender has attached."""
         sending, box = self.sending, self.pump.mailbox
         nap, chans = 0.0, list(self.pump.channels.values())
-        while True:
+        while not self.stop:
+            self.bell.clear()  # before looking: a post from here on rings again
             moved = False
             for ch in chans:
-                try:
-                    moved |= ch.pump_out() if sending else ch.pump_in()
-                except Exception as err:  # handed to whoever waits on the channel's works
-                    ch.fail(err, sending)
+                with ch.locks[sending]:
+                    try:
+                        moved |= ch.pump_out() if sending else ch.pump_in()
+                    except Exception as err:  # handed to whoever waits on the channel's works
+                        ch.fail(err, sending)
             tidy = sending or moved or not box.segment.linked or box.tidy()
             if moved:
                 nap = 0.0
-                timeout: float | None = 0.0
-            elif any(ch.outstanding(sending) for ch in chans):
+                continue
+            if any(ch.outstanding(sending) for ch in chans):
                 cap = NAP_STREAM if any(ch.streaming(sending) for ch in chans) else NAP_MAX
                 nap = min(cap, max(1e-5, nap * 2))
-                timeout = nap
+                timeout: float | None = nap
             else:
                 timeout = None if tidy else CHECK_S
-            try:
-                item = self.queue.get(timeout=timeout) if timeout != 0.0 else self.queue.get_nowait()
-            except queue.Empty:
-                continue
-            while item is not None:
-                if item is _STOP:
-                    return
-                try:
-                    item[0].take(item[1])
-                except Exception as err:
-                    item[1].finish(err)
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    item = None
-            nap = 0.0
+            if self.bell.wait(timeout):
+                nap = 0.0

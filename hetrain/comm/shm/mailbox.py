@@ -121,6 +121,7 @@ class Mailbox:
     def __init__(self, job_id: str, secret: str, key: str, rank: int, senders: Sequence[int],
                  slots: int = SLOTS, slot_bytes: int = SLOT_BYTES):
         self.senders = sorted(senders)
+        self.slot_bytes = slot_bytes
         if 3 + len(self.senders) > DIRECTORY // 8:
             raise UserError(f"a shared-memory mailbox takes at most {DIRECTORY // 8 - 3} senders, "
                             f"got {len(self.senders)}")
