@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from hetrain.comm.shm.channel import Pump
+from hetrain.comm.shm.pump import Pump
 from hetrain.comm.shm.waits import ShmPeerError
 
 SECRET = "0123456789abcdef0123456789abcdef"

@@ -92,7 +92,7 @@ def test_a_rank_without_a_ring_in_the_mailbox_is_refused():
 
 def test_a_strided_tensor_is_refused_when_posted():
     job = f"p2p-{uuid.uuid4().hex[:8]}"
-    from hetrain.comm.shm.channel import Pump
+    from hetrain.comm.shm.pump import Pump
 
     pump = Pump(job, procs.SECRET, "t", 0, [1], timeout_s=5, slots=2, slot_bytes=4096)
     try:

@@ -149,8 +149,8 @@ def channels_for(ctx, peers: list[int]) -> dict[int, Channel]:
 
 
 def _pump(ctx, local: list[int]):
-    from .channel import Pump
     from .mailbox import DIRECTORY, SLOT_BYTES, SLOTS, ring_bytes
+    from .pump import Pump
 
     key = (ctx.env.job_id, ctx.env.restart, ctx.rank)
     if key not in _PUMPS:
