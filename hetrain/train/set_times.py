@@ -39,7 +39,10 @@ import math
 import numpy as np
 
 FRESH = 256  # steps a set's measured time stands for it
-MEASURED_AFTER = 2  # reports of a set before its time is used
+# reports of a set before its time is used: one (each the median over its members of
+# their steps since their last report). A set tried for two steps, then left on the
+# fits' noise, was never measured and tried again and again (a loaded 2-core host)
+MEASURED_AFTER = 1
 MARGIN = 0.03  # a measured set is preferred only where faster by this fraction, at least
 NOISE = 2.0  # ... and by this many standard errors of the two times' difference
 MAX_WORKERS = 52  # bitmask keys exact in a float64

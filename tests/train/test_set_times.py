@@ -27,12 +27,13 @@ def test_a_worker_reports_the_median_of_its_timed_steps_of_its_latest_set():
     assert set_key([True, False, True]) == 5 and key_members(5, 3).tolist() == [True, False, True]
 
 
-def test_a_set_is_timed_by_its_members_median_and_trusted_after_two_reports():
+def test_a_set_is_timed_by_its_members_median_and_the_median_of_its_reports():
     t = SetTimes(3, window=8)
+    assert math.isnan(t.time([True, True, False], 1))  # never reported: predicted
     t.receive([3.0, 3.0, math.nan], [0.20, 0.30, math.nan], step=1)
-    assert math.isnan(t.time([True, True, False], 1))  # one report: not yet
-    t.receive([3.0, 3.0, 4.0], [0.26, 0.24, 0.1], step=2)
-    assert t.time([True, True, False], 2) == pytest.approx(0.25)  # median of 0.25 and 0.25
+    assert t.time([True, True, False], 1) == pytest.approx(0.25)  # its members' median
+    t.receive([3.0, 3.0, 4.0], [0.36, 0.34, 0.1], step=2)
+    assert t.time([True, True, False], 2) == pytest.approx(0.30)  # the median of its reports
     assert math.isnan(t.time([False, False, True], 2))
     assert math.isnan(t.time([True, True, False], 2 + FRESH + 1))  # stale: predicted again
 
