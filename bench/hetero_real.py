@@ -367,10 +367,15 @@ def main(argv=None) -> int:
     if a.cpu_dry_run:
         a.widths, a.cpu_workers, a.threads = [64, 128], min(a.cpu_workers, 2), 1
         a.min_step_s, a.max_batch, a.calib_batches, a.calib_reps = 0.005, 1024, [16, 64, 256], 2
-    steps = a.steps or (12 if a.cpu_dry_run else (15 if a.quick else 30))
+    # measured steps: a run long enough that the balancer's first probe (after 64 steps with
+    # a worker out, then its measured retries: train/probe.py, train/set_times.py) weighs
+    # in it as in a longer run, not as a tenth of it; on a shared host, enough steps
+    # that the phases' medians are not its noise (steps are a few ms)
+    steps = a.steps or (192 if a.cpu_dry_run else (64 if a.quick else 128))
     # warm-up: the fits settle, and the balancer prices the exchange (a set's first exchange is
-    # not counted, the next 4 are: hetrain/train/exchange_price.py) and settles on a set
-    warmup = a.warmup or (24 if a.cpu_dry_run else (8 if a.quick else 12))
+    # not counted, the next 4 are: hetrain/train/exchange_price.py) and settles on a set,
+    # the sets it tries measured (train/set_times.py)
+    warmup = a.warmup or (48 if a.cpu_dry_run else (24 if a.quick else 32))
     rounds = a.rounds or (3 if a.cpu_dry_run else 1)
     with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
         tmp = Path(d)

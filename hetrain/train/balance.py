@@ -38,6 +38,7 @@ from ..runtime.devices import worker_device
 from ..runtime.memory import SOURCES, MemoryLimit, memory_limit
 from .balance_config import BalanceConfig
 from .exchange_price import ExchangePrices, leaves_out
+from .set_times import SetTimes
 from .balance_exchange import FitExchange
 from .exchange import Gather, worker_gather
 from .probe import Probe, probe_sizes
@@ -108,6 +109,8 @@ class Balancer(FitExchange):
         self.level_error = np.zeros(self.n)  # agreed standard error of each worker's fitted level (relative)
         # each worker's exchange seconds, agreed, and what they price (train/exchange_price.py)
         self.prices = ExchangePrices(self.n, self.cfg.window)
+        self.set_times = SetTimes(self.n, self.cfg.window)  # each set's measured step (train/set_times.py)
+        self.probing = False  # the step planned last is a probe step (its split is not its set's)
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -246,8 +249,11 @@ class Balancer(FitExchange):
         plan = self.plan
         out = (plan.sizes == 0) & (self.caps > 0)
         k = self.probe.due(self.step, bool(out.any())) if self.lockstep and plan.strategy == "unequal" else None
+        self.probing = k is not None
         if k is None:
             return plan
+        if k == 0:  # the sets these workers would rejoin are priced by prediction again
+            self.set_times.forget(out)
         # the share it would rejoin at, or less where its per-sample fit alone would make
         # the probe step more than twice the planned one (a CPU beside GPUs), at least 2
         rejoin = self.cfg.rejoin * max(self.cfg.small_share, 0.05) * self.global_batch / self.n
@@ -264,6 +270,8 @@ class Balancer(FitExchange):
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
         if self._priced(current.sizes.sum()):  # a smaller set is kept within `cfg.hold` only (`_held`)
+            if self.set_times.better(current.sizes > 0, self.step) is not None:
+                return False  # another set ran measurably faster (train/set_times.py): solve, and take it
             floor = self.prices.floor(current.sizes.sum(), fixed, per, self.caps, floor)
             hold = min(hold, self.cfg.hold)
         return self._price(current, fixed, per) <= floor * (1 + hold)
@@ -307,9 +315,14 @@ class Balancer(FitExchange):
                 plan = other if other.predicted < 0.95 * cur.predicted else cur
             self.strategy = plan.strategy
         if measured and self._priced(total):
-            plan = self.prices.best(plan, total, fixed, per, caps, lambda m: plan_step(
-                total, fixed, per, np.where(m, caps, 0), strategy=plan.strategy,
-                **{**args, "micro_caps": np.where(m, micro_caps, 0)}))
+            solve = lambda m: plan_step(total, fixed, per, np.where(m, caps, 0), strategy=plan.strategy,  # noqa: E731
+                                        **{**args, "micro_caps": np.where(m, micro_caps, 0)})
+            plan = self.prices.best(plan, total, fixed, per, caps, solve)
+            faster = self.set_times.better(plan.sizes > 0, self.step)
+            if faster is not None:  # its set ran measurably slower, recently, than another set did
+                plan = solve(faster)
+                if current is None or not bool(((current.sizes > 0) == (plan.sizes > 0)).all()):
+                    return plan  # measured faster, where the fits say otherwise: not held against them
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
         return self._held(current, plan, fixed, per) if measured else plan

@@ -12,6 +12,10 @@ import numpy as np
 
 from .exchange import carried, exchange_rows, ready
 
+# a row: fixed, per-sample, level error (the fit); whole, part (exchange seconds:
+# train/exchange_price.py); set key, set seconds (train/set_times.py); then the extra numbers
+ROW = 7
+
 
 class FitExchange:
     """Recording this worker's step and exchanging the fits with the other workers."""
@@ -24,6 +28,11 @@ class FitExchange:
         """This worker's exchange with the others in the step just done, every worker in
         it or not (`ExchangePrices.record`)."""
         self.prices.record(seconds, whole)
+
+    def record_period(self, members, seconds: float, counted: bool = True) -> None:
+        """This worker's step just done took `seconds` from its start to the next step's
+        start, among the workers `members` (`SetTimes.record`)."""
+        self.set_times.record(members, seconds, counted)
 
     def update(self, extra=()) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
@@ -48,7 +57,8 @@ class FitExchange:
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
-        row = np.array([fixed, per, self.model.level_error, *self.prices.mine(), *extra], dtype=np.float64)
+        row = np.array([fixed, per, self.model.level_error, *self.prices.mine(), *self.set_times.mine(), *extra],
+                       dtype=np.float64)
         wait = exchange_rows(row, self._gather, self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
@@ -102,9 +112,10 @@ class FitExchange:
         self._apply(wait(), step)
 
     def _apply(self, rows: np.ndarray, step: int) -> None:
-        self.rows, self.rows_step = rows[:, 5:], step
+        self.rows, self.rows_step = rows[:, ROW:], step
         self.level_error = np.nan_to_num(rows[:, 2])
         self.prices.receive(rows[:, 3], rows[:, 4])
+        self.set_times.receive(rows[:, 5], rows[:, 6], step)
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()

@@ -138,6 +138,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
         self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
         self._hook_end: tuple | None = None
+        self._period: tuple | None = None  # (set, timed, start) of the step handed out last, where timed
         self._hook = None  # handle of the step post-hook on the wrapped optimizer
 
     def _ensure_hook(self) -> None:
@@ -177,7 +178,22 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             # accumulating: the exchange starts on this worker's last micro-batch
             self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
-        self._open = (samples, time.perf_counter(), self._stats())
+        now = time.perf_counter()
+        if self.leave:
+            self._time_set(now, samples, total, members)
+        self._open = (samples, now, self._stats())
+
+    def _time_set(self, now: float, samples: int, total: int | None, members) -> None:
+        """The step before, from its start to this one's, for its set's measured step
+        (train/set_times.py): not a probe step's, nor a partial batch's, nor where this
+        worker sat out."""
+        if self._period is not None:
+            mask, counted, t0 = self._period
+            self.balancer.record_period(mask, now - t0, counted)
+        mask = np.zeros(self.balancer.n, dtype=bool)
+        mask[list(members or [])] = True
+        counted = total == self.balancer.global_batch and not self.balancer.probing
+        self._period = (mask, counted, now) if samples > 0 else None
 
     def _end(self) -> None:
         """Close the step handed out last: measure it, exchange, re-balance, log."""

@@ -8,6 +8,9 @@ split with every worker in it for a few steps (enough to move the median its lev
 `StepTimeModel`), and the fits decide again. Each probe after which it stays out doubles
 the wait, so a worker that stays slow costs a few steps over a whole run, as the
 launcher's cool-down before it retries a machine doubles each time that machine fails.
+A worker that rejoins and leaves again within a first wait (the set it rejoined ran
+slower than a set measured before it: train/set_times.py) is still slow: the wait goes
+on doubling; only a whole first wait with every worker in starts it again.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class Probe:
     gap: int = 0  # the current wait (doubles after each probe)
     at: int | None = None  # the step the next probe starts at
     left: int = 0  # probe steps still to run
+    in_since: int | None = None  # the step since which every worker is in
 
     def __post_init__(self) -> None:
         self.gap = self.every
@@ -37,9 +41,12 @@ class Probe:
         if self.every <= 0:
             return None
         if self.left == 0:
-            if not someone_out:  # everyone in: the next worker to leave waits the first gap
-                self.gap, self.at = self.every, None
+            if not someone_out:  # everyone in for a whole first wait: the next worker to leave waits it
+                self.in_since = step if self.in_since is None else self.in_since
+                if step - self.in_since >= self.every:
+                    self.gap, self.at = self.every, None
                 return None
+            self.in_since = None
             if self.at is None:
                 self.at = step + self.gap
             if step < self.at:

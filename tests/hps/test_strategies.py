@@ -379,14 +379,18 @@ def test_shares_ride_out_step_noise_and_follow_a_real_change():
         BalanceConfig(hold_noise=-1.0)
 
 
-def test_probe_steps_double_their_wait_and_reset_when_everyone_is_in():
+def test_probe_steps_double_their_wait_and_reset_once_everyone_is_in_for_a_first_wait():
     from hetrain.train.probe import Probe, probe_sizes
 
     p = Probe(every=4, steps=2)
     due = [(s, k) for s in range(40) if (k := p.due(s, someone_out=True)) is not None]
     assert due == [(4, 0), (5, 1), (14, 0), (15, 1), (32, 0), (33, 1)]  # waits of 4, 8, 16 steps
-    assert p.due(40, someone_out=False) is None and p.gap == 4 and p.at is None
-    assert [s for s in range(41, 50) if p.due(s, someone_out=True) is not None] == [45, 46]
+    # everyone in for less than a first wait (the worker rejoined and left again): still doubling
+    assert p.due(40, someone_out=False) is None and p.due(42, someone_out=False) is None and p.gap == 32
+    assert [s for s in range(43, 70) if p.due(s, someone_out=True) is not None] == [66, 67]
+    # everyone in for a whole first wait: the next worker to leave waits the first gap
+    assert all(p.due(s, someone_out=False) is None for s in range(70, 75)) and p.gap == 4 and p.at is None
+    assert [s for s in range(75, 85) if p.due(s, someone_out=True) is not None] == [79, 80]
     assert all(Probe(every=0, steps=2).due(s, True) is None for s in range(100))
     sizes = probe_sizes(np.array([300, 0, 100]), np.array([False, True, False]), 40, 1)
     assert sizes.tolist() == [255, 60, 85] and sizes.sum() == 400  # 1.5 x 40, from the others by share
