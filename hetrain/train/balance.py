@@ -244,6 +244,8 @@ class Balancer(FitExchange):
         given the share it would rejoin at (unequal batches; an accumulating plan's
         workers out stay out)."""
         plan = self.plan
+        if self.solo:  # no worker to probe (FitExchange.solo)
+            return plan
         out = (plan.sizes == 0) & (self.caps > 0)
         k = self.probe.due(self.step, bool(out.any())) if self.lockstep and plan.strategy == "unequal" else None
         if k is None:

@@ -6,11 +6,17 @@ them: riding the optimizer's all-reduce, else an all-gather of their own). With
 `balance.Balancer`, which plans the shares (`plan_for`) from what is applied here."""
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
 from .exchange import carried, exchange_rows, ready
+
+# steps between the metrics-only exchanges of a job where one worker trains alone (`solo`):
+# a collective with workers that only sit out, rare enough that its cost (a few hundred
+# microseconds to post and complete on a loaded host) is a small part of any step
+SOLO_EVERY = 32
 
 
 class FitExchange:
@@ -75,8 +81,25 @@ class FitExchange:
 
     @property
     def exchange_every(self) -> int:
-        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
+        """Steps between exchanges: `every`; `window` with equal shares (metrics only);
+        `SOLO_EVERY` where one worker trains alone (`solo`: metrics only too). Every
+        worker knows which from the agreed config and caps."""
+        if self.solo:
+            return max(self.cfg.every, self.cfg.window, SOLO_EVERY)
         return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
+    @cached_property
+    def solo(self) -> bool:
+        """Only one worker may take samples (the others capped at 0 by `max_samples` or
+        their memory) and it can hold the whole batch: every split, whatever the fits,
+        gives it every sample (one local batch, nothing to accumulate, no probe: a worker
+        capped at 0 is never probed). The caps are agreed at the start, so every worker
+        knows this alike. The exchange then carries the metrics only (`exchange_every`)
+        and a received fit is not solved for: a job whose GPU trains alone otherwise paid
+        a collective with the workers sitting out every `every` steps, and waited on it,
+        for nothing."""
+        caps = np.asarray(self.caps)
+        return self.n > 1 and int((caps > 0).sum()) == 1 and int(caps.max()) >= self.global_batch
 
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns
@@ -108,6 +131,8 @@ class FitExchange:
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()
+        if self.solo:  # one worker takes every sample whatever the fits: nothing to solve
+            return
         self._partial.clear()
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes

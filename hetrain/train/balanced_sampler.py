@@ -15,11 +15,11 @@ import torch
 
 from ..errors import UserError
 from ..perf.steptime import spread
-from ..runtime.memory import synchronize
 from .balance import BalanceConfig, Balancer
 from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
+from .stepclock import StepClock
 from .tail import TailClaims, split_tail
 
 __all__ = ["BalancedBatchSampler", "WorkerGroup", "METRICS"]
@@ -117,6 +117,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if cfg.tail > 0 and lockstep and group.size > 1:  # a worker is fewer than 2 exchanges ahead of another
             self.claims = TailClaims(group.store, group.rank, lag=2 * self.balancer.exchange_every + 4)
         self._batch: np.ndarray | None = None  # the global batch of the step handed out (its tail is claimed)
+        self._cut_for: tuple | None = None  # (sizes, where this worker's samples lie): see _cut
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
         if job and hasattr(self.engine, "carry"):
@@ -136,7 +137,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
         self.last_rows: np.ndarray | None = None
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
-        self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
+        self._open: tuple | None = None  # (samples, start mark, stats at start) of the step handed out
+        self.clock = StepClock(torch.device(self.device))  # a step's time on the device (train/stepclock.py)
+        self._late: tuple | None = None  # (the step before, its row or None) on a GPU: see _measured
         self._hook_end: tuple | None = None
         self._hook = None  # handle of the step post-hook on the wrapped optimizer
 
@@ -155,13 +158,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             return _zero_stats()
         return st.comm_s, st.wait_s, getattr(st, "hidden_s", 0.0), float(st.bytes_sent + st.bytes_received)
 
-    def _now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
-
     def _on_step(self, *_args) -> None:
         if self._open is not None and self._hook_end is None:
-            self._hook_end = (self._now(), self._stats())
+            self._hook_end = (self.clock.mark(), self._stats())
             self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
 
     def _begin(self, samples: int, total: int | None = None, passes: int = 1, members=None) -> None:
@@ -177,7 +176,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             # accumulating: the exchange starts on this worker's last micro-batch
             self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
-        self._open = (samples, time.perf_counter(), self._stats())
+        self._open = (samples, self.clock.mark(), self._stats())
 
     def _end(self) -> None:
         """Close the step handed out last: measure it, exchange, re-balance, log."""
@@ -187,17 +186,54 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if self.claims is not None:
             samples += self.claims.claimed
             self.claims.end()
-        end, s1 = self._hook_end if self._hook_end is not None else (self._now(), self._stats())
+        end, s1 = self._hook_end if self._hook_end is not None else (self.clock.mark(), self._stats())
         self._open = self._hook_end = None
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
-        compute = max(0.0, end - t_out - comm - wait)
-        self.balancer.record(samples, compute)
         if self._shared is not None:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
             self.balancer.record_exchange(comm + wait, whole=self._shared)
+        row = self._measured((samples, t_out, end, comm, wait, hidden, nbytes))
         t0 = time.perf_counter()
-        self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
+        self.balancer.update(extra=row)
         self.exchange_s += time.perf_counter() - t0
         self._log()
+
+    def _measured(self, step: tuple) -> tuple:
+        """Record this step's compute where its time is known (`StepClock`: always on a
+        CPU; on a GPU once the device is done with it) and return the metrics row the
+        exchange carries. On a CPU that is this step's. On a GPU it is the step before's
+        (the first step's: zeros, nothing measured yet), whose end the device has reached
+        or is about to (waited for: it bounds the queue to a step ahead), recorded now
+        where it was not at its own end. No step waits for its own device work only to
+        be timed, and each step is recorded once, in order."""
+        now = self._compute(step, wait=not self.clock.on_device)
+        if now is not None:
+            self.balancer.record(now[0], now[1])
+        if not self.clock.on_device:
+            return now
+        row = (0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        if self._late is not None:
+            row = self._settle()
+        self._late = (step, now)
+        return row
+
+    def _settle(self) -> tuple:
+        """The step held (`_late`): its row, recorded here if its time was not known at its end."""
+        (step, row), self._late = self._late, None
+        if row is None:
+            row = self._compute(step, wait=True)
+            self.balancer.record(row[0], row[1])
+        return row
+
+    def _compute(self, step: tuple, wait: bool) -> tuple | None:
+        """(samples, compute, comm, wait, hidden, bytes) of a closed step, None where its
+        device time is not known yet and `wait` is False. Compute: the step's time on
+        the device (from handing out its batch to the end of optimizer.step) less the
+        exchange's, at least 0."""
+        samples, start, end, comm, wait_s, hidden, nbytes = step
+        span = self.clock.seconds(start, end, wait)
+        if span is None:
+            return None
+        return samples, max(0.0, span - comm - wait_s), comm, wait_s, hidden, nbytes
 
     def finish(self) -> None:
         """End of training (every worker, same point): close the step handed out last if
@@ -206,6 +242,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         date (a worker that sat out the last steps, out of their exchange, has older ones:
         api/members.py). A collective."""
         self._end()
+        if self._late is not None:  # the last step's device time (the exchanges are over)
+            self._settle()
         t0 = time.perf_counter()
         self.balancer.flush()
         if self.leave:  # every worker's parameters the same again (a worker sitting out has old ones)
@@ -302,14 +340,22 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                 split = split_tail(plan.sizes, self.balancer.cfg.tail, self.balancer.cfg.tail_chunks, self.micro)
                 self.claims.begin(split)
                 sizes, passes = split.static, split.held  # an upper bound on the passes (micro_batches knows them)
-            bounds = np.concatenate([[0], np.cumsum(sizes)])
-            mine = batch[bounds[me]: bounds[me + 1]]
+            lo, hi, members = self._cut(sizes, me)
+            mine = batch[lo: hi]
             self._running, self._batch = s, batch
             self._begin(len(mine), len(batch), passes + (int(-(-len(mine) // self.micro)) if self.micro else 1),
-                        np.flatnonzero(sizes > 0).tolist())
+                        members)
             yield mine
         self._end()
         pos.step = len(self)
+
+    def _cut(self, sizes: np.ndarray, me: int) -> tuple[int, int, list[int]]:
+        """Where worker `me`'s samples lie in a batch split by `sizes`, and the workers with
+        samples; kept while the split stays the same array (a plan's, step after step)."""
+        if self._cut_for is None or self._cut_for[0] is not sizes:
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+            self._cut_for = (sizes, (bounds[me], bounds[me + 1], np.flatnonzero(sizes > 0).tolist()))
+        return self._cut_for[1]
 
     def __iter__(self):
         if self.claims is not None:
