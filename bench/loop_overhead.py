@@ -20,7 +20,8 @@ elapsed / steps; a round's figure, the median over rounds reported). Reported pe
 us/step of each, overhead us/step, and `ratio` = plain step / hetrain step (the samples/s
 of hetrain over the plain loop's). A last, untimed pass of hetrain steps runs under
 cProfile on worker 0 and on worker 1 (sitting out): where hetrain's per-step time goes,
-per function and per area (`profile` and `profile_sitting_out` in the JSON, microseconds
+per function and per area (`profile` and `profile_sitting_out` in the JSON, and the plain
+loop's under the same profiler, `profile_plain`, for the difference; microseconds
 per step, own time; and the hetrain functions' cumulative time). Each worker's CPU time
 per step over the timed hetrain steps is reported too: on a host with fewer cores than
 processes, the workers sitting out take CPU from the one that trains.
@@ -177,6 +178,13 @@ def worker(a) -> int:
             het.append(wall)
             cpu.append([float(g[1]) for g in got])
         loader.finish()
+        plain_prof = None
+        if rank == 0:  # the plain loop under the same profiler: what hetrain adds is the difference
+            plain_prof = cProfile.Profile()
+            plain_prof.enable()
+            _plain(plain_model, plain_opt, x, y, batch, a.steps, seed=a.rounds)
+            plain_prof.disable()
+        dist.barrier(group=ctx.worker_group)
         prof = cProfile.Profile() if rank <= 1 else None  # the trainer and one worker sitting out
         if prof is not None:
             prof.enable()
@@ -189,6 +197,7 @@ def worker(a) -> int:
         if rank == 0:
             out["batches"][str(batch)] = {"plain_s": plain, "plain_cpu_s": plain_cpu, "hetrain_s": het,
                                           "cpu_s_per_worker": cpu, "profile": _profile(prof, a.steps),
+                                          "profile_plain": _profile(plain_prof, a.steps),
                                           "shares": loader.balancer.sizes.tolist()}
     if rank <= 1:
         Path(a.out + ("" if rank == 0 else ".sitting-out")).write_text(json.dumps(out))
@@ -221,7 +230,10 @@ def _table(res: dict, a) -> tuple[str, dict]:
         prof = r["profile"]
         lines.append(f"\nbatch {batch}: where hetrain's step goes under cProfile (own time, us/step; profiling "
                      f"inflates it: {prof['per_step_us_total']:.0f} us/step in all)")
-        lines += [f"  {us:>8.1f}  {area}" for area, us in prof["areas_us"].items()]
+        plain = r["profile_plain"]["areas_us"]
+        lines.append(f"  {'hetrain':>8}  {'plain':>8}  area (plain loop under the same profiler: "
+                     f"{r['profile_plain']['per_step_us_total']:.0f} us/step)")
+        lines += [f"  {us:>8.1f}  {plain.get(area, 0.0):>8.1f}  {area}" for area, us in prof["areas_us"].items()]
         lines += [f"    {f['us']:>8.1f}  x{f['calls_per_step']:<5} {f['function']}" for f in prof["top_functions"][:12]]
         lines.append(f"  a worker sitting out: {r['profile_sitting_out']['per_step_us_total']:.0f} us/step under "
                      "cProfile; its hetrain functions (cumulative, us/step):")

@@ -14,9 +14,10 @@ import numpy as np
 from .exchange import carried, exchange_rows, ready
 
 # steps between the metrics-only exchanges of a job where one worker trains alone (`solo`):
-# a collective with workers that only sit out, rare enough that its cost (a few hundred
-# microseconds to post and complete on a loaded host) is a small part of any step
-SOLO_EVERY = 32
+# a collective with workers that only sit out, rare enough that its cost (posting and
+# completing gloo's all-gather took several milliseconds of the trainer's time on a loaded
+# 2-core host, bench/loop_overhead.py) is a small part of any step
+SOLO_EVERY = 64
 
 
 class FitExchange:

@@ -17,7 +17,9 @@ What it does each step:
   `optimizer.step()` (a step post-hook on the wrapped optimizer; without an optimizer,
   to the next request), minus the time the engine spent exchanging (its `comm_s` +
   `wait_s`, i.e. waiting for the other workers and for the sums), plus the time it took
-  to load the batch. On a GPU the device is synchronised before the clock is read.
+  to load the batch. On a GPU the step is timed by CUDA events on the device's stream
+  (`hetrain.train.stepclock`), read once the device has finished it (a step later where
+  it had not), so no step drains the device to be timed.
 - Exchanges the step-time fits and the step's metrics in one all-gather and solves the
   next shares (`hetrain.train.balance`): all workers are predicted to finish together.
   The all-gather runs in the background during the next step (`overlap_exchange`), so

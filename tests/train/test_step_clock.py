@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hetrain.train.balance import BalanceConfig
+from hetrain.train.balance_exchange import SOLO_EVERY
 from hetrain.train.balanced_sampler import BalancedBatchSampler, WorkerGroup
 from hetrain.train.stepclock import StepClock
 from tests.cudastandin import standin
@@ -21,6 +22,8 @@ sys.path.insert(0, str(SCRIPTS))
 from reference import GLOBAL_BATCH, single_process  # noqa: E402
 
 HERE = Path(__file__).parent / "scripts"
+sys.path.insert(0, str(HERE))
+from solo_loop import EPOCHS  # noqa: E402
 DELAYS = [0.002, 0.02, 0.002, 0.02, 0.002, 0.02]  # seconds each step takes (at least)
 
 
@@ -96,17 +99,18 @@ def test_event_time_needs_the_end_completed(cuda_standin):
 def _check_solo(out: Path, workers: int = 3) -> None:
     runs = [torch.load(out / f"rank{r}.pt") for r in range(workers)]
     steps = len(runs[0]["seen"])
-    assert steps == 72
+    assert steps == 9 * EPOCHS
     for r, got in enumerate(runs):
         # every worker: the same agreed decisions on the same steps
-        assert got["solo"] and got["every"] == runs[0]["every"] >= 32
+        assert got["solo"] and got["every"] == runs[0]["every"] >= SOLO_EVERY
         for key in ("history", "gathers", "applied"):
             assert got[key] == runs[0][key], (r, key)
         assert got["gathers"] == list(range(got["every"], steps + 1, got["every"])), got["gathers"]
+        assert len(got["gathers"]) == 2
         assert got["applied"], "the metrics rows were applied"
         assert got["syncs"] == [], f"rank {r} synchronised the device while training at steps {got['syncs']}"
     assert all(h == [GLOBAL_BATCH, 0, 0] or sum(h) < GLOBAL_BATCH for h in runs[0]["history"])
-    assert [len(b) for b in runs[0]["seen"]] == ([GLOBAL_BATCH] * 8 + [8]) * 8
+    assert [len(b) for b in runs[0]["seen"]] == ([GLOBAL_BATCH] * 8 + [8]) * EPOCHS
     assert all(b == [] for got in runs[1:] for b in got["seen"])
     assert [s for s, _ in runs[0]["recorded"]] == [len(b) for b in runs[0]["seen"]]
     assert (runs[0]["exchanges"], runs[1]["sat_out"], runs[2]["sat_out"]) == (steps, steps, steps)
@@ -157,7 +161,6 @@ def test_solo_only_where_one_worker_can_take_every_sample(caps, solo):
     """`solo` from the agreed caps alone: one worker may take samples and holds the batch;
     then the exchange is for the metrics only (rarer), and a received fit is not solved for."""
     from hetrain.train.balance import Balancer
-    from hetrain.train.balance_exchange import SOLO_EVERY
     from hetrain.train.exchange import InProcessExchange
 
     cfg = BalanceConfig(window=4, recent=3)
