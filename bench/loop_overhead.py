@@ -9,16 +9,20 @@ classes; SGD with momentum) at each global batch of `--batches`, two ways, takin
 `--rounds` times so that a host whose load drifts slows both alike:
 
   plain     a plain loop in worker 0's process: a random permutation cut into batches
-            (indexing the tensors), zero_grad, forward, backward, step. No hetrain.
+            (`index_select` on the tensors, as BalancedLoader does: faster than x[idx]),
+            zero_grad, forward, backward, step. No hetrain.
   hetrain   the normal hetrain path, as `bench/hetero_real.py`'s `gpu` phase runs it:
             `BalancedLoader` with `max_samples=[B, 0, ...]` (the other workers sit out
             with share 0 and leave the gradient exchange: hetrain/api/members.py) and a
             `DistributedOptimizer`; every worker runs the loop, the others on empty batches.
 
-Each: `--warmup` steps, then `--steps` timed on worker 0's wall clock (per-step time =
-elapsed / steps; a round's figure, the median over rounds reported). Reported per batch:
-us/step of each, overhead us/step, and `ratio` = plain step / hetrain step (the samples/s
-of hetrain over the plain loop's). A last, untimed pass of hetrain steps runs under
+Each round: warm-up steps (`--warmup` in the first round, 5 after), then `--steps`
+timed on worker 0 (per-step time = elapsed / steps). Reported per batch: us/step of each
+(medians over rounds), overhead us/step, and `ratio` = plain step / hetrain step (the
+samples/s of hetrain over the plain loop's), the median of the rounds' ratios; and each
+process's CPU time per step, with `cpu_ratio` = plain's CPU time over the trainer's (on a
+host whose cores other processes share, wall time moves with their load; CPU time much
+less). A last, untimed pass of hetrain steps runs under
 cProfile on worker 0 and on worker 1 (sitting out): where hetrain's per-step time goes,
 per function and per area (`profile` and `profile_sitting_out` in the JSON, and the plain
 loop's under the same profiler, `profile_plain`, for the difference; microseconds
@@ -87,7 +91,7 @@ def _plain(model, opt, x, y, batch: int, steps: int, seed: int) -> tuple[float, 
             perm, at = torch.randperm(len(x), generator=g), 0
         idx = perm[at: at + batch]
         at += batch
-        xb, yb = x[idx], y[idx]
+        xb, yb = x.index_select(0, idx), y.index_select(0, idx)  # as BalancedLoader indexes (the faster form)
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()

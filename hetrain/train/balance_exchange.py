@@ -83,9 +83,9 @@ class FitExchange:
     @property
     def exchange_every(self) -> int:
         """Steps between exchanges: `every`; `window` with equal shares (metrics only);
-        `SOLO_EVERY` where one worker trains alone (`solo`: metrics only too). Every
-        worker knows which from the agreed config and caps."""
-        if self.solo:
+        `SOLO_EVERY` where one worker of several trains alone (`solo`: metrics only too).
+        Every worker knows which from the agreed config and caps."""
+        if self.solo and self.n > 1:
             return max(self.cfg.every, self.cfg.window, SOLO_EVERY)
         return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
 
@@ -96,11 +96,11 @@ class FitExchange:
         gives it every sample (one local batch, nothing to accumulate, no probe: a worker
         capped at 0 is never probed). The caps are agreed at the start, so every worker
         knows this alike. The exchange then carries the metrics only (`exchange_every`)
-        and a received fit is not solved for: a job whose GPU trains alone otherwise paid
+        and a received fit is not solved for (a job of one worker: the same): a job whose GPU trains alone otherwise paid
         a collective with the workers sitting out every `every` steps, and waited on it,
         for nothing."""
         caps = np.asarray(self.caps)
-        return self.n > 1 and int((caps > 0).sum()) == 1 and int(caps.max()) >= self.global_batch
+        return int((caps > 0).sum()) == 1 and int(caps.max()) >= self.global_batch
 
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns

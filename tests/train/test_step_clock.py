@@ -156,7 +156,8 @@ def test_a_gpu_worker_alone_under_the_cuda_standin(tmp_path):
     _check_solo(out)
 
 
-@pytest.mark.parametrize("caps, solo", [([24, 0, 0], True), ([0, 0, 24], True), ([24, 1, 0], False), (None, False)])
+@pytest.mark.parametrize("caps, solo", [([24, 0, 0], True), ([0, 0, 24], True), ([24, 1, 0], False), (None, False),
+                                        ([24], True)])
 def test_solo_only_where_one_worker_can_take_every_sample(caps, solo):
     """`solo` from the agreed caps alone: one worker may take samples and holds the batch;
     then the exchange is for the metrics only (rarer), and a received fit is not solved for."""
@@ -164,11 +165,13 @@ def test_solo_only_where_one_worker_can_take_every_sample(caps, solo):
     from hetrain.train.exchange import InProcessExchange
 
     cfg = BalanceConfig(window=4, recent=3)
-    bal = Balancer(None, 24, cfg, caps=caps, gather=InProcessExchange(3).gather_for(0), num_workers=3)
+    n = len(caps or [0] * 3)
+    bal = Balancer(None, 24, cfg, caps=caps, gather=InProcessExchange(n).gather_for(0), num_workers=n)
     assert bal.solo is solo
-    assert bal.exchange_every == (max(cfg.every, cfg.window, SOLO_EVERY) if solo else cfg.every)
+    # a collective saved where there are workers to save it with (one worker's is local)
+    assert bal.exchange_every == (max(cfg.every, cfg.window, SOLO_EVERY) if solo and n > 1 else cfg.every)
     if solo:
         plan = bal.plan
-        bal._apply(np.array([[0.001, 1e-4] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9]), 1)
+        bal._apply(np.array([[0.001, 1e-4] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9][:n]), 1)
         assert bal.plan is plan and bal.sizes.tolist() == [c and 24 for c in caps]
         assert bal.step_plan() is plan
