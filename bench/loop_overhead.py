@@ -298,9 +298,9 @@ def main(argv=None) -> int:
         for batch, r in other["batches"].items():
             res["batches"][batch].update(r)
     text, summary = _table(res, a)
+    text += (f"\n[launch: {time.perf_counter() - t0:.0f}s; load average at start {load:.2f}, "
+             f"{os.cpu_count()} CPUs; worker threads {res['threads']}]")
     print(text)
-    print(f"[launch: {time.perf_counter() - t0:.0f}s; load average at start {load:.2f}, "
-          f"{os.cpu_count()} CPUs; worker threads {res['threads']}]")
     if a.json:
         out = {"summary": summary, "raw": res, "config": {**{k: v for k, v in vars(a).items()
                                                               if k not in ("worker", "out", "json")},
