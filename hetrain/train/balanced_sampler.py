@@ -19,7 +19,7 @@ from .balance import BalanceConfig, Balancer
 from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
-from .stepclock import StepClock
+from .stepclock import StepClock, StepRecords
 from .tail import TailClaims, split_tail
 
 __all__ = ["BalancedBatchSampler", "WorkerGroup", "METRICS"]
@@ -139,7 +139,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
         self._open: tuple | None = None  # (samples, start mark, stats at start) of the step handed out
         self.clock = StepClock(torch.device(self.device))  # a step's time on the device (train/stepclock.py)
-        self._late: tuple | None = None  # (the step before, its row or None) on a GPU: see _measured
+        # closed steps' compute, recorded in order, and the row each exchange carries
+        self.steps = StepRecords(self.clock, lambda samples, seconds: self.balancer.record(samples, seconds))
         self._hook_end: tuple | None = None
         self._hook = None  # handle of the step post-hook on the wrapped optimizer
 
@@ -191,49 +192,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
         if self._shared is not None:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
             self.balancer.record_exchange(comm + wait, whole=self._shared)
-        row = self._measured((samples, t_out, end, comm, wait, hidden, nbytes))
+        row = self.steps.close((samples, t_out, end, comm, wait, hidden, nbytes))
         t0 = time.perf_counter()
         self.balancer.update(extra=row)
         self.exchange_s += time.perf_counter() - t0
         self._log()
-
-    def _measured(self, step: tuple) -> tuple:
-        """Record this step's compute where its time is known (`StepClock`: always on a
-        CPU; on a GPU once the device is done with it) and return the metrics row the
-        exchange carries. On a CPU that is this step's. On a GPU it is the step before's
-        (the first step's: zeros, nothing measured yet), whose end the device has reached
-        or is about to (waited for: it bounds the queue to a step ahead), recorded now
-        where it was not at its own end. No step waits for its own device work only to
-        be timed, and each step is recorded once, in order."""
-        now = self._compute(step, wait=not self.clock.on_device)
-        if now is not None:
-            self.balancer.record(now[0], now[1])
-        if not self.clock.on_device:
-            return now
-        row = (0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        if self._late is not None:
-            row = self._settle()
-        self._late = (step, now)
-        return row
-
-    def _settle(self) -> tuple:
-        """The step held (`_late`): its row, recorded here if its time was not known at its end."""
-        (step, row), self._late = self._late, None
-        if row is None:
-            row = self._compute(step, wait=True)
-            self.balancer.record(row[0], row[1])
-        return row
-
-    def _compute(self, step: tuple, wait: bool) -> tuple | None:
-        """(samples, compute, comm, wait, hidden, bytes) of a closed step, None where its
-        device time is not known yet and `wait` is False. Compute: the step's time on
-        the device (from handing out its batch to the end of optimizer.step) less the
-        exchange's, at least 0."""
-        samples, start, end, comm, wait_s, hidden, nbytes = step
-        span = self.clock.seconds(start, end, wait)
-        if span is None:
-            return None
-        return samples, max(0.0, span - comm - wait_s), comm, wait_s, hidden, nbytes
 
     def finish(self) -> None:
         """End of training (every worker, same point): close the step handed out last if
@@ -242,8 +205,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         date (a worker that sat out the last steps, out of their exchange, has older ones:
         api/members.py). A collective."""
         self._end()
-        if self._late is not None:  # the last step's device time (the exchanges are over)
-            self._settle()
+        self.steps.settle()  # the last step's device time, where it was held (the exchanges are over)
         t0 = time.perf_counter()
         self.balancer.flush()
         if self.leave:  # every worker's parameters the same again (a worker sitting out has old ones)
