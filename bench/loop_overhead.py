@@ -227,8 +227,9 @@ def _table(res: dict, a) -> tuple[str, dict]:
                           "ratio": round(ratio, 3), "ratio_best": round(best, 3),
                           "ratio_rounds": [round(pp / hh, 3) for pp, hh in zip(r["plain_s"], r["hetrain_s"])],
                           "plain_cpu_us": round(pc, 1), "cpu_us_per_worker": cpu, "cpu_ratio": round(cpu_ratio, 3)}
-        lines.append(f"{batch:>6}{p:>15.0f}{h:>17.0f}{h - p:>13.0f}{ratio:>8.3f}{best:>7.3f}{pc:>14.0f}{cpu[0]:>12.0f}  "
-                     + f"{', '.join(f'{c:.0f}' for c in cpu[1:]):<12}{cpu_ratio:>11.3f}")
+        others = ", ".join(f"{c:.0f}" for c in cpu[1:])
+        lines.append(f"{batch:>6}{p:>15.0f}{h:>17.0f}{h - p:>13.0f}{ratio:>8.3f}{best:>7.3f}{pc:>14.0f}"
+                     f"{cpu[0]:>12.0f}  {others:<12}{cpu_ratio:>11.3f}")
     lines.append(f"ratio = plain step over hetrain step, both in wall time (hetrain's samples/s over the plain "
                  f"loop's), median over {a.rounds} rounds of plain then hetrain; best: the fastest round of each "
                  f"over the other's fastest; us/step: medians. CPU: each "

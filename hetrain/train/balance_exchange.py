@@ -96,9 +96,9 @@ class FitExchange:
         gives it every sample (one local batch, nothing to accumulate, no probe: a worker
         capped at 0 is never probed). The caps are agreed at the start, so every worker
         knows this alike. The exchange then carries the metrics only (`exchange_every`)
-        and a received fit is not solved for (a job of one worker: the same): a job whose GPU trains alone otherwise paid
-        a collective with the workers sitting out every `every` steps, and waited on it,
-        for nothing."""
+        and a received fit is not solved for (in a job of one worker too): a job whose GPU
+        trains alone otherwise paid a collective with the workers sitting out every
+        `every` steps, and waited on it, for nothing."""
         caps = np.asarray(self.caps)
         return int((caps > 0).sum()) == 1 and int(caps.max()) >= self.global_batch
 
