@@ -32,9 +32,10 @@ class FitExchange:
         it or not (`ExchangePrices.record`)."""
         self.prices.record(seconds, whole)
 
-    def update(self, extra=()) -> np.ndarray:
+    def update(self, extra=(), alone: bool = False) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
-        collective over the workers, every step.
+        collective over the workers, every `exchange_every` steps (after a step one worker
+        trained `alone`, fewer: `_every`).
 
         With `overlap_exchange` (default) the exchange started here completes during the
         next step, and the shares computed now use the exchange of the step before: no
@@ -48,7 +49,7 @@ class FitExchange:
             self.history.append(self.sizes.copy())
             return self.sizes
         early, self._prefetched = self._prefetched, False  # applied in the step's exchange already
-        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
+        if self.step % self._every(alone) != 0:  # no exchange: complete the one in flight, if any
             if not early:
                 self.rows = None
                 self._complete_pending()
@@ -88,6 +89,19 @@ class FitExchange:
         if self.solo and self.n > 1:
             return max(self.cfg.every, self.cfg.window, SOLO_EVERY)
         return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
+    def _every(self, alone: bool) -> int:
+        """Steps between exchanges at the end of a step: `exchange_every`, or at least
+        `window` after a step that one worker trained alone (`alone`: the step's agreed
+        split gave every sample to one worker, which every worker knows alike, so all
+        decide the same at the same step). While the others sit out, their fits stand
+        still (a probe, which trains them, is a step of several workers again), so an
+        exchange would carry the one worker's fit, whose level follows `recent` steps
+        anyway: a worker sitting out otherwise paid a collective of its own every `every`
+        steps with the one training, and that one waited on it. A change of the lone
+        worker's speed then reaches the shares up to `window` steps later."""
+        every = self.exchange_every
+        return max(every, self.cfg.window) if alone else every
 
     @cached_property
     def solo(self) -> bool:

@@ -131,6 +131,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # the step handed out last's exchange, what it costs this worker measured by kind
         # (True: every worker in it; False: a set short of the job; None: not measured)
         self._shared: bool | None = None
+        self._alone = False  # the step handed out last has one worker with samples (see _begin)
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
@@ -171,6 +172,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
             self.optimizer.set_exchange(members)
             self._shared = self.balancer.prices.kind_of(members, samples)
+        # one worker trains this step, the others out of its exchange: the balancer's own
+        # exchange may wait longer (FitExchange._every; the same on every worker)
+        self._alone = self.leave and members is not None and len(members) == 1
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
@@ -194,7 +198,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self.balancer.record_exchange(comm + wait, whole=self._shared)
         row = self.steps.close((samples, t_out, end, comm, wait, hidden, nbytes))
         t0 = time.perf_counter()
-        self.balancer.update(extra=row)
+        self.balancer.update(extra=row, alone=self._alone)
         self.exchange_s += time.perf_counter() - t0
         self._log()
 

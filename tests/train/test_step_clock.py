@@ -103,10 +103,10 @@ def _check_solo(out: Path, workers: int = 3) -> None:
     for r, got in enumerate(runs):
         # every worker: the same agreed decisions on the same steps
         assert got["solo"] and got["every"] == runs[0]["every"] >= SOLO_EVERY
-        for key in ("history", "gathers", "applied"):
+        for key in ("history", "posts", "applied"):
             assert got[key] == runs[0][key], (r, key)
-        assert got["gathers"] == list(range(got["every"], steps + 1, got["every"])), got["gathers"]
-        assert len(got["gathers"]) == 2
+        assert got["posts"] == list(range(got["every"], steps + 1, got["every"])), got["posts"]
+        assert len(got["posts"]) == 2
         assert got["applied"], "the metrics rows were applied"
         assert got["syncs"] == [], f"rank {r} synchronised the device while training at steps {got['syncs']}"
     assert all(h == [GLOBAL_BATCH, 0, 0] or sum(h) < GLOBAL_BATCH for h in runs[0]["history"])
@@ -175,3 +175,35 @@ def test_solo_only_where_one_worker_can_take_every_sample(caps, solo):
         bal._apply(np.array([[0.001, 1e-4] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9, [0.5, 0.1] + [0.0] * 9][:n]), 1)
         assert bal.plan is plan and bal.sizes.tolist() == [c and 24 for c in caps]
         assert bal.step_plan() is plan
+
+
+@pytest.mark.slow
+def test_a_worker_alone_by_speed_exchanges_every_window_and_every_worker_agrees(launch, tmp_path):
+    """No caps: two workers 25x slower than the third sit out by speed (probed every 12
+    steps). While one worker trains alone the balancer's exchange runs every `window`
+    steps instead of every `every`, decided from the step's agreed split, so every worker
+    posts the same exchanges at the same steps; the result is one process's."""
+    out = tmp_path / "out"
+    cluster = {"name": "by-speed", "machines": [{"name": "w0", "role": "worker", "device": {"speed": 1.0}}] + [
+        {"name": f"w{i}", "role": "worker", "device": {"speed": 0.04}} for i in (1, 2)]}
+    rc, log, _ = launch(str(HERE / "solo_loop.py"), str(out), "--by-speed", cluster=cluster, mode="allreduce",
+                        timeout=90, limit=400)
+    assert rc == 0, log
+    runs = [torch.load(out / f"rank{r}.pt") for r in range(3)]
+    alone, every, window = runs[0]["alone"], runs[0]["cfg_every"], runs[0]["window"]
+    assert not runs[0]["solo"] and every < window
+    for r, got in enumerate(runs):
+        for key in ("history", "posts", "applied", "alone"):
+            assert got[key] == runs[0][key], (r, key)
+    steps = len(alone)
+    assert sum(alone) >= steps // 2 and not all(alone), alone  # out by speed, and probed
+    # an exchange after a step one worker trained alone only every `window` steps
+    assert all(g % (window if alone[g - 1] else every) == 0 for g in runs[0]["posts"]), (runs[0]["posts"], alone)
+    assert len(runs[0]["posts"]) < steps // every
+    # each step's global batch, split among the workers with samples: one process's result
+    batches = [sum((got["seen"][k] for got in runs), []) for k in range(steps)]
+    assert [len(b) for b in batches] == ([GLOBAL_BATCH] * 8 + [8]) * (EPOCHS // 3)
+    ref = single_process(batches)
+    for r, got in enumerate(runs):
+        for name, want in ref.items():
+            torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"rank {r} {name}")
