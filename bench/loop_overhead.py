@@ -100,9 +100,10 @@ def _plain(model, opt, x, y, batch: int, steps: int, seed: int) -> tuple[float, 
     return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
 
 
-def _hetrain(loader, model, opt, steps: int) -> tuple[float, float]:
+def _hetrain(loader, model, opt, steps: int, slow_s: float = 0.0) -> tuple[float, float]:
     """`steps` steps through the loader (every worker); wall and CPU seconds per step on
-    this worker (the CPU time of its process, its comm threads included)."""
+    this worker (the CPU time of its process, its comm threads included). `slow_s`: an
+    emulated slow device's extra seconds per sample (a sleep after backward)."""
     import torch.nn.functional as F
 
     done, t0, c0 = 0, time.perf_counter(), time.process_time()
@@ -111,6 +112,8 @@ def _hetrain(loader, model, opt, steps: int) -> tuple[float, float]:
             opt.zero_grad()
             if len(x):
                 F.cross_entropy(model(x), y).backward()
+                if slow_s:
+                    time.sleep(slow_s * len(x))
             opt.step()
             done += 1
             if done >= steps:
@@ -205,10 +208,53 @@ def worker(a) -> int:
                                           "cpu_s_per_worker": cpu, "profile": _profile(prof, a.steps),
                                           "profile_plain": _profile(plain_prof, a.steps),
                                           "shares": loader.balancer.sizes.tolist()}
+        if a.by_speed:
+            speed = _by_speed(a, ctx, rank, n, (x, y), batch, model, opt, (plain_model, plain_opt))
+            if rank == 0:
+                out["batches"][str(batch)]["by_speed"] = speed
     if rank <= 1:
         Path(a.out + ("" if rank == 0 else ".sitting-out")).write_text(json.dumps(out))
     hetrain.shutdown()
     return 0
+
+
+def _by_speed(a, ctx, rank: int, n: int, data, batch: int, model, opt, plain) -> dict:
+    """Rounds of the plain loop and of a job where the others sit out by speed: no caps, the
+    other workers emulating devices `a.slow_ms` per sample slow (a sleep after backward),
+    so the balancer leaves them out once measured; probes off (`probe_every=0`), so the
+    figure is the loop's, not the probes' slow steps."""
+    import torch
+    import torch.distributed as dist
+
+    from hetrain.train.balance import BalanceConfig
+    from hetrain.train.loader import BalancedLoader
+
+    loader = BalancedLoader(data, batch, optimizer=opt, model=model, config=BalanceConfig(window=8, probe_every=0),
+                            seed=1000 + batch)
+    slow = a.slow_ms / 1e3 if rank > 0 else 0.0
+    plain_s, plain_cpu, het_s, cpu = [], [], [], []
+    for r in range(a.rounds):
+        if rank == 0:
+            _plain(*plain, *data, batch, 5, seed=r)
+            wall, busy = _plain(*plain, *data, batch, a.steps, seed=r)
+            plain_s.append(wall)
+            plain_cpu.append(busy)
+        dist.barrier(group=ctx.worker_group)
+        _hetrain(loader, model, opt, a.warmup if r == 0 else 5, slow)
+        wall, busy = _hetrain(loader, model, opt, a.steps, slow)
+        got = [torch.zeros(1, dtype=torch.float64) for _ in range(n)]
+        dist.all_gather(got, torch.tensor([busy], dtype=torch.float64), group=ctx.worker_group)
+        het_s.append(wall)
+        cpu.append([float(g[0]) for g in got])
+    prof = cProfile.Profile() if rank == 0 else None
+    if prof is not None:
+        prof.enable()
+    _hetrain(loader, model, opt, a.steps, slow)
+    if prof is not None:
+        prof.disable()
+    loader.finish()
+    return {"profile": _profile(prof, a.steps) if prof is not None else None,"plain_s": plain_s, "plain_cpu_s": plain_cpu, "hetrain_s": het_s, "cpu_s_per_worker": cpu,
+            "shares": loader.balancer.sizes.tolist()}
 
 
 # ------------------------------------------------------------------------ the driver --
@@ -230,6 +276,20 @@ def _table(res: dict, a) -> tuple[str, dict]:
         others = ", ".join(f"{c:.0f}" for c in cpu[1:])
         lines.append(f"{batch:>6}{p:>15.0f}{h:>17.0f}{h - p:>13.0f}{ratio:>8.3f}{best:>7.3f}{pc:>14.0f}"
                      f"{cpu[0]:>12.0f}  {others:<12}{cpu_ratio:>11.3f}")
+    speed = {b: r["by_speed"] for b, r in res["batches"].items() if "by_speed" in r}
+    for batch, r in speed.items():
+        p, h = float(np.median(r["plain_s"])) * 1e6, float(np.median(r["hetrain_s"])) * 1e6
+        ratio = float(np.median([pp / hh for pp, hh in zip(r["plain_s"], r["hetrain_s"])]))
+        best = min(r["plain_s"]) / min(r["hetrain_s"])
+        pc = float(np.median(r["plain_cpu_s"])) * 1e6
+        cpu = (np.median(np.asarray(r["cpu_s_per_worker"]), axis=0) * 1e6).round(1).tolist()
+        cpu_ratio = float(np.median([pp / hh[0] for pp, hh in zip(r["plain_cpu_s"], r["cpu_s_per_worker"])]))
+        summary[batch]["by_speed"] = {"plain_us": round(p, 1), "hetrain_us": round(h, 1), "ratio": round(ratio, 3),
+                                      "ratio_best": round(best, 3), "plain_cpu_us": round(pc, 1),
+                                      "cpu_us_per_worker": cpu, "cpu_ratio": round(cpu_ratio, 3), "shares": r["shares"]}
+        others = ", ".join(f"{c:.0f}" for c in cpu[1:])
+        lines.append(f"{batch:>6}{p:>15.0f}{h:>17.0f}{h - p:>13.0f}{ratio:>8.3f}{best:>7.3f}{pc:>14.0f}"
+                     f"{cpu[0]:>12.0f}  {others:<12}{cpu_ratio:>11.3f}  alone by speed {r['shares']}")
     lines.append(f"ratio = plain step over hetrain step, both in wall time (hetrain's samples/s over the plain "
                  f"loop's), median over {a.rounds} rounds of plain then hetrain; best: the fastest round of each "
                  f"over the other's fastest; us/step: medians. CPU: each "
@@ -266,6 +326,10 @@ def main(argv=None) -> int:
                     "periods of the metrics-only exchange, one every 64 steps, so each round pays its share)")
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--rounds", type=int, help="rounds of plain / hetrain in turn (default 31; 11 with --quick)")
+    ap.add_argument("--no-by-speed", dest="by_speed", action="store_false",
+                    help="skip the rounds where the others sit out by speed (no caps, emulated slow devices)")
+    ap.add_argument("--slow-ms", type=float, default=2.0,
+                    help="the other workers' emulated extra milliseconds per sample in the by-speed rounds")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--samples", type=int, default=8192, help=argparse.SUPPRESS)
@@ -292,7 +356,8 @@ def main(argv=None) -> int:
                "--mode", a.mode, "--timeout", "300", "--run-dir", str(tmp / "run"), str(Path(__file__).resolve()),
                "--worker", "--out", str(res_path), "--batches", *map(str, a.batches), "--width", str(a.width),
                "--steps", str(a.steps), "--warmup", str(a.warmup), "--rounds", str(a.rounds),
-               "--samples", str(max(a.samples, 4 * max(a.batches))), "--lr", str(a.lr)]
+               "--samples", str(max(a.samples, 4 * max(a.batches))), "--lr", str(a.lr), "--slow-ms", str(a.slow_ms),
+               *([] if a.by_speed else ["--no-by-speed"])]
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=repo_env(), timeout=1800)

@@ -52,12 +52,15 @@ class FitExchange:
         if self.step % self._every(alone) != 0:  # no exchange: complete the one in flight, if any
             if not early:
                 self.rows = None
-                self._complete_pending()
+                if not alone:  # (after a step one worker trained alone: at the next exchange, see _every)
+                    self._complete_pending()
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
         row = np.array([fixed, per, self.model.level_error, *self.prices.mine(), *extra], dtype=np.float64)
-        wait = exchange_rows(row, self._gather, self.carry)
+        # after a step one worker trained alone, the next is likely so too: no all-reduce of
+        # the job's for the rows to ride, whose wait would then gather them, blocking
+        wait = exchange_rows(row, self._gather, None if alone else self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
             (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
@@ -98,8 +101,11 @@ class FitExchange:
         still (a probe, which trains them, is a step of several workers again), so an
         exchange would carry the one worker's fit, whose level follows `recent` steps
         anyway: a worker sitting out otherwise paid a collective of its own every `every`
-        steps with the one training, and that one waited on it. A change of the lone
-        worker's speed then reaches the shares up to `window` steps later."""
+        steps with the one training, and that one waited on it. The exchange in flight
+        then completes at the next exchange (or after the next step of several workers),
+        not the step after it began: no worker waits on it (on a loaded 2-core host each
+        wait took milliseconds, bench/loop_overhead.py). A change of the lone worker's
+        speed reaches the shares up to two `window`s later."""
         every = self.exchange_every
         return max(every, self.cfg.window) if alone else every
 
