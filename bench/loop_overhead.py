@@ -15,6 +15,11 @@ classes; SGD with momentum) at each global batch of `--batches`, two ways, takin
             `BalancedLoader` with `max_samples=[B, 0, ...]` (the other workers sit out
             with share 0 and leave the gradient exchange: hetrain/api/members.py) and a
             `DistributedOptimizer`; every worker runs the loop, the others on empty batches.
+  by speed  then, in rounds of their own beside the plain loop again, the same without
+            caps: the other workers emulate devices `--slow-ms` per sample slower (a sleep
+            after backward), so the balancer leaves them out by speed, as `hetero_real`'s
+            `mixed` phase does where the CPU workers do not help (probes off: the figure is
+            the loop's, not the probes' slow steps). `--no-by-speed` skips it.
 
 Each round: warm-up steps (`--warmup` in the first round, 5 after), then `--steps`
 timed on worker 0 (per-step time = elapsed / steps). Reported per batch: us/step of each
