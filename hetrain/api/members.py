@@ -62,15 +62,21 @@ class ExchangeMembers:
         self.workers: tuple[int, ...] = tuple(topo.worker_ranks) if topo is not None else (self.ctx.rank,)
         self.last: tuple[int, ...] = self.workers  # who holds the current parameters
         self._engines: dict[tuple[int, ...], object] = {}
+        self._ranks: dict[tuple, tuple[int, ...]] = {}  # see ranks_of
         self.exchanges = self.sat_out = self.resyncs = 0
 
     def ranks_of(self, workers: Sequence[int]) -> tuple[int, ...]:
-        """Job ranks of worker indices (the balancer's order: the job's workers)."""
-        idx = sorted({int(i) for i in workers})
-        if not idx or idx[0] < 0 or idx[-1] >= len(self.workers):
-            raise UserError(f"set_exchange needs worker indices in 0..{len(self.workers) - 1} (at least one), "
-                            f"got {list(workers)}")
-        return tuple(self.workers[i] for i in idx)
+        """Job ranks of worker indices (the balancer's order: the job's workers); the
+        answers kept per set asked for (a loop asks for the same set step after step)."""
+        key = tuple(workers)
+        got = self._ranks.get(key)
+        if got is None:
+            idx = sorted({int(i) for i in workers})
+            if not idx or idx[0] < 0 or idx[-1] >= len(self.workers):
+                raise UserError(f"set_exchange needs worker indices in 0..{len(self.workers) - 1} (at least one), "
+                                f"got {list(workers)}")
+            got = self._ranks[key] = tuple(self.workers[i] for i in idx)
+        return got
 
     def switch(self, workers, in_flight: bool, named, optimizer: torch.optim.Optimizer, step: bool = True):
         """`DistributedOptimizer.set_exchange`: the engine of the set of worker indices

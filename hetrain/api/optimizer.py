@@ -308,8 +308,9 @@ class DistributedOptimizer(GradHooks, GradientSync, torch.optim.Optimizer):
                     named[i][1].grad = view
         # overlap hands gradients over from backward's hooks, unless the agreed layout is
         # one all-reduce bucket: it could start no earlier than the last gradient, so the
-        # exchange then runs at step() and the hooks return at once
-        self._armed = self.overlap and not self.engine.single_bucket
+        # exchange then runs at step() and the hooks return at once; nor where nothing
+        # moves (one process, or a set of one worker: `PushPull.local`)
+        self._armed = self.overlap and not self.engine.single_bucket and not self.engine.local
         self._synced = False
         self._passes = [0] * len(self._named)
         if self._armed and self._size_set and not self.engine.in_flight:

@@ -136,7 +136,8 @@ class PushPull(LayoutKeeper):
         if ctx.distributed and not ctx.comm.synchronous and self.group is None:
             raise UserError(f"push_pull is synchronous but this job runs sync='{ctx.comm.sync}'; use "
                             "hetrain.DistributedOptimizer, which pushes to and pulls from the parameter servers")
-        device, manifest, digest = self._described(named)
+        if self.group is None or not self.local:  # (a set of one worker: the optimizer's tensors, checked there)
+            device, manifest, digest = self._described(named)
         t0 = time.perf_counter()
         if self.local:  # one process: the weighted average of one worker is itself
             if average and weight == 0:

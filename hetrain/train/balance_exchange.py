@@ -6,6 +6,7 @@ them: riding the optimizer's all-reduce, else an all-gather of their own). With
 `balance.Balancer`, which plans the shares (`plan_for`) from what is applied here."""
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -15,6 +16,12 @@ from .exchange import carried, exchange_rows, ready
 # a row: fixed, per-sample, level error (the fit); whole, part (exchange seconds:
 # train/exchange_price.py); set key, set seconds (train/set_times.py); then the extra numbers
 ROW = 7
+
+# steps between the metrics-only exchanges of a job where one worker trains alone (`solo`):
+# a collective with workers that only sit out, rare enough that its cost (posting and
+# completing gloo's all-gather took several milliseconds of the trainer's time on a loaded
+# 2-core host, bench/loop_overhead.py) is a small part of any step
+SOLO_EVERY = 64
 
 
 class FitExchange:
@@ -34,9 +41,10 @@ class FitExchange:
         start, among the workers `members` (`SetTimes.record`)."""
         self.set_times.record(members, seconds, counted)
 
-    def update(self, extra=()) -> np.ndarray:
+    def update(self, extra=(), alone: bool = False) -> np.ndarray:
         """Exchange this step's fit (and `extra` numbers) and recompute the shares: a
-        collective over the workers, every step.
+        collective over the workers, every `exchange_every` steps (after a step one worker
+        trained `alone`, fewer: `_every`).
 
         With `overlap_exchange` (default) the exchange started here completes during the
         next step, and the shares computed now use the exchange of the step before: no
@@ -50,16 +58,19 @@ class FitExchange:
             self.history.append(self.sizes.copy())
             return self.sizes
         early, self._prefetched = self._prefetched, False  # applied in the step's exchange already
-        if self.step % self.exchange_every != 0:  # no exchange: complete the one in flight, if any
+        if self.step % self._every(alone) != 0:  # no exchange: complete the one in flight, if any
             if not early:
                 self.rows = None
-                self._complete_pending()
+                if not alone:  # (after a step one worker trained alone: at the next exchange, see _every)
+                    self._complete_pending()
             self.history.append(self.sizes.copy())
             return self.sizes
         fixed, per = self.model.fit()
         row = np.array([fixed, per, self.model.level_error, *self.prices.mine(), *self.set_times.mine(), *extra],
                        dtype=np.float64)
-        wait = exchange_rows(row, self._gather, self.carry)
+        # after a step one worker trained alone, the next is likely so too: no all-reduce of
+        # the job's for the rows to ride, whose wait would then gather them, blocking
+        wait = exchange_rows(row, self._gather, None if alone else self.carry)
         step = self.step
         if self.cfg.overlap_exchange:
             (wait, step), self._pending = (self._pending or (None, 0)), (wait, step)
@@ -85,8 +96,41 @@ class FitExchange:
 
     @property
     def exchange_every(self) -> int:
-        """Steps between exchanges: `every`, or `window` with equal shares (metrics only)."""
+        """Steps between exchanges: `every`; `window` with equal shares (metrics only);
+        `SOLO_EVERY` where one worker of several trains alone (`solo`: metrics only too).
+        Every worker knows which from the agreed config and caps."""
+        if self.solo and self.n > 1:
+            return max(self.cfg.every, self.cfg.window, SOLO_EVERY)
         return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
+
+    def _every(self, alone: bool) -> int:
+        """Steps between exchanges at the end of a step: `exchange_every`, or at least
+        `window` after a step that one worker trained alone (`alone`: the step's agreed
+        split gave every sample to one worker, which every worker knows alike, so all
+        decide the same at the same step). While the others sit out, their fits stand
+        still (a probe, which trains them, is a step of several workers again), so an
+        exchange would carry the one worker's fit, whose level follows `recent` steps
+        anyway: a worker sitting out otherwise paid a collective of its own every `every`
+        steps with the one training, and that one waited on it. The exchange in flight
+        then completes at the next exchange (or after the next step of several workers),
+        not the step after it began: no worker waits on it (on a loaded 2-core host each
+        wait took milliseconds, bench/loop_overhead.py). A change of the lone worker's
+        speed reaches the shares up to two `window`s later."""
+        every = self.exchange_every
+        return max(every, self.cfg.window) if alone else every
+
+    @cached_property
+    def solo(self) -> bool:
+        """Only one worker may take samples (the others capped at 0 by `max_samples` or
+        their memory) and it can hold the whole batch: every split, whatever the fits,
+        gives it every sample (one local batch, nothing to accumulate, no probe: a worker
+        capped at 0 is never probed). The caps are agreed at the start, so every worker
+        knows this alike. The exchange then carries the metrics only (`exchange_every`)
+        and a received fit is not solved for (in a job of one worker too): a job whose GPU
+        trains alone otherwise paid a collective with the workers sitting out every
+        `every` steps, and waited on it, for nothing."""
+        caps = np.asarray(self.caps)
+        return int((caps > 0).sum()) == 1 and int(caps.max()) >= self.global_batch
 
     def flush(self) -> np.ndarray | None:
         """Complete the exchange still in flight (end of an epoch) and apply it; returns
@@ -119,6 +163,8 @@ class FitExchange:
         if self.cfg.policy == "equal" and np.array_equal(rows[:, :2], self.fits, equal_nan=True):
             return  # equal shares do not depend on the fits: nothing to solve
         self.fits = rows[:, :2].copy()
+        if self.solo:  # one worker takes every sample whatever the fits: nothing to solve
+            return
         self._partial.clear()
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes

@@ -15,11 +15,12 @@ import torch
 
 from ..errors import UserError
 from ..perf.steptime import spread
-from ..runtime.memory import synchronize
 from .balance import BalanceConfig, Balancer
+from .set_times import SetPeriods
 from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
 from .sampler import GlobalBatchSampler
+from .stepclock import StepClock, StepRecords
 from .tail import TailClaims, split_tail
 
 __all__ = ["BalancedBatchSampler", "WorkerGroup", "METRICS"]
@@ -117,6 +118,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if cfg.tail > 0 and lockstep and group.size > 1:  # a worker is fewer than 2 exchanges ahead of another
             self.claims = TailClaims(group.store, group.rank, lag=2 * self.balancer.exchange_every + 4)
         self._batch: np.ndarray | None = None  # the global batch of the step handed out (its tail is claimed)
+        self._cut_for: tuple | None = None  # (sizes, where this worker's samples lie): see _cut
         self.optimizer = optimizer
         self.engine = getattr(optimizer, "engine", None)
         if job and hasattr(self.engine, "carry"):
@@ -130,15 +132,19 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # the step handed out last's exchange, what it costs this worker measured by kind
         # (True: every worker in it; False: a set short of the job; None: not measured)
         self._shared: bool | None = None
+        self._alone = False  # the step handed out last has one worker with samples (see _begin)
         self.logger = logger
         self._running = 0  # the step handed out last (its index in the epoch)
         self.micro = 0  # this worker's micro-batch in the step handed out last (0: one pass)
         self.spreads: list[float] = []  # measured compute spread (max/min over workers) per step
         self.last_rows: np.ndarray | None = None
         self.exchange_s = 0.0  # time spent in the per-step exchange (waiting for the others included)
-        self._open: tuple | None = None  # (samples, t_out, stats at t_out) of the step handed out
+        self._open: tuple | None = None  # (samples, start mark, stats at start) of the step handed out
+        self.clock = StepClock(torch.device(self.device))  # a step's time on the device (train/stepclock.py)
+        # closed steps' compute, recorded in order, and the row each exchange carries
+        self.steps = StepRecords(self.clock, lambda samples, seconds: self.balancer.record(samples, seconds))
         self._hook_end: tuple | None = None
-        self._period: tuple | None = None  # (set, timed, start) of the step handed out last, where timed
+        self.periods = SetPeriods(self.balancer.n, self.balancer.record_period)
         self._hook = None  # handle of the step post-hook on the wrapped optimizer
 
     def _ensure_hook(self) -> None:
@@ -156,13 +162,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             return _zero_stats()
         return st.comm_s, st.wait_s, getattr(st, "hidden_s", 0.0), float(st.bytes_sent + st.bytes_received)
 
-    def _now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
-
     def _on_step(self, *_args) -> None:
         if self._open is not None and self._hook_end is None:
-            self._hook_end = (self._now(), self._stats())
+            self._hook_end = (self.clock.mark(), self._stats())
             self.sampler.step = self._running + 1  # the update is applied: a commit from here resumes after it
 
     def _begin(self, samples: int, total: int | None = None, passes: int = 1, members=None) -> None:
@@ -172,28 +174,19 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
             self.optimizer.set_exchange(members)
             self._shared = self.balancer.prices.kind_of(members, samples)
+        # one worker trains this step, the others out of its exchange: the balancer's own
+        # exchange may wait longer (FitExchange._every; the same on every worker)
+        self._alone = self.leave and members is not None and len(members) == 1
         if self.optimizer is not None and hasattr(self.optimizer, "set_batch_size"):
             self.optimizer.set_batch_size(samples, total=total)
         if self.optimizer is not None and hasattr(self.optimizer, "backward_passes_per_step"):
             # accumulating: the exchange starts on this worker's last micro-batch
             self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
-        now = time.perf_counter()
-        if self.leave:
-            self._time_set(now, samples, total, members)
-        self._open = (samples, now, self._stats())
-
-    def _time_set(self, now: float, samples: int, total: int | None, members) -> None:
-        """The step before, from its start to this one's, for its set's measured step
-        (train/set_times.py): not a probe step's, nor a partial batch's, nor where this
-        worker sat out."""
-        if self._period is not None:
-            mask, counted, t0 = self._period
-            self.balancer.record_period(mask, now - t0, counted)
-        mask = np.zeros(self.balancer.n, dtype=bool)
-        mask[list(members or [])] = True
-        counted = total == self.balancer.global_batch and not self.balancer.probing
-        self._period = (mask, counted, now) if samples > 0 else None
+        if self.leave:  # the step before, start to start, for its set's measured step (train/set_times.py)
+            self.periods.begin(time.perf_counter(), samples, members,
+                               total == self.balancer.global_batch and not self.balancer.probing)
+        self._open = (samples, self.clock.mark(), self._stats())
 
     def _end(self) -> None:
         """Close the step handed out last: measure it, exchange, re-balance, log."""
@@ -203,15 +196,14 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         if self.claims is not None:
             samples += self.claims.claimed
             self.claims.end()
-        end, s1 = self._hook_end if self._hook_end is not None else (self._now(), self._stats())
+        end, s1 = self._hook_end if self._hook_end is not None else (self.clock.mark(), self._stats())
         self._open = self._hook_end = None
         comm, wait, hidden, nbytes = (b - a for a, b in zip(s0, s1))
-        compute = max(0.0, end - t_out - comm - wait)
-        self.balancer.record(samples, compute)
         if self._shared is not None:  # what sharing the exchange cost this step (hetrain.perf.exchangeset)
             self.balancer.record_exchange(comm + wait, whole=self._shared)
+        row = self.steps.close((samples, t_out, end, comm, wait, hidden, nbytes))
         t0 = time.perf_counter()
-        self.balancer.update(extra=(samples, compute, comm, wait, hidden, nbytes))
+        self.balancer.update(extra=row, alone=self._alone)
         self.exchange_s += time.perf_counter() - t0
         self._log()
 
@@ -222,6 +214,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         date (a worker that sat out the last steps, out of their exchange, has older ones:
         api/members.py). A collective."""
         self._end()
+        self.steps.settle()  # the last step's device time, where it was held (the exchanges are over)
         t0 = time.perf_counter()
         self.balancer.flush()
         if self.leave:  # every worker's parameters the same again (a worker sitting out has old ones)
@@ -318,14 +311,22 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                 split = split_tail(plan.sizes, self.balancer.cfg.tail, self.balancer.cfg.tail_chunks, self.micro)
                 self.claims.begin(split)
                 sizes, passes = split.static, split.held  # an upper bound on the passes (micro_batches knows them)
-            bounds = np.concatenate([[0], np.cumsum(sizes)])
-            mine = batch[bounds[me]: bounds[me + 1]]
+            lo, hi, members = self._cut(sizes, me)
+            mine = batch[lo: hi]
             self._running, self._batch = s, batch
             self._begin(len(mine), len(batch), passes + (int(-(-len(mine) // self.micro)) if self.micro else 1),
-                        np.flatnonzero(sizes > 0).tolist())
+                        members)
             yield mine
         self._end()
         pos.step = len(self)
+
+    def _cut(self, sizes: np.ndarray, me: int) -> tuple[int, int, list[int]]:
+        """Where worker `me`'s samples lie in a batch split by `sizes`, and the workers with
+        samples; kept while the split stays the same array (a plan's, step after step)."""
+        if self._cut_for is None or self._cut_for[0] is not sizes:
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+            self._cut_for = (sizes, (bounds[me], bounds[me + 1], np.flatnonzero(sizes > 0).tolist()))
+        return self._cut_for[1]
 
     def __iter__(self):
         if self.claims is not None:

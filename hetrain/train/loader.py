@@ -17,7 +17,9 @@ What it does each step:
   `optimizer.step()` (a step post-hook on the wrapped optimizer; without an optimizer,
   to the next request), minus the time the engine spent exchanging (its `comm_s` +
   `wait_s`, i.e. waiting for the other workers and for the sums), plus the time it took
-  to load the batch. On a GPU the device is synchronised before the clock is read.
+  to load the batch. On a GPU the step is timed by CUDA events on the device's stream
+  (`hetrain.train.stepclock`), read once the device has finished it (a step later where
+  it had not), so no step drains the device to be timed.
 - Exchanges the step-time fits and the step's metrics in one all-gather and solves the
   next shares (`hetrain.train.balance`): all workers are predicted to finish together.
   The all-gather runs in the background during the next step (`overlap_exchange`), so
@@ -152,7 +154,9 @@ class BalancedLoader:
     def _fetch(self, idx: np.ndarray, device: torch.device):
         if self._tensors is not None:
             index = torch.as_tensor(idx, dtype=torch.long, device=self._tensors[0].device)
-            out = tuple(t[index] for t in self._tensors)
+            # index_select, not t[index]: the same rows, without advanced indexing's
+            # per-call setup (5 us against 25 us for two tensors of a 128-sample batch)
+            out = tuple(t.index_select(0, index) for t in self._tensors)
         elif len(idx) == 0:  # an empty share (an epoch's last batch smaller than the workers)
             out = tree_map(lambda t: t[:0] if isinstance(t, torch.Tensor) else t,
                            self.collate_fn([self.dataset[0]]))

@@ -35,6 +35,7 @@ goes by predictions alone.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -144,3 +145,25 @@ class SetTimes:
             if t < min(t_mine * (1 - MARGIN), t_mine - noise) and t < best:
                 best, best_key = t, key
         return None if best_key is None else key_members(best_key, self.n)
+
+
+class SetPeriods:
+    """A worker's steps from one start to the next, handed to `record` (the balancer's
+    `record_period`) with the set each ran among: called at every step's start."""
+
+    def __init__(self, workers: int, record: Callable[[np.ndarray, float, bool], None]):
+        self.n = workers
+        self.record = record
+        self._open: tuple[np.ndarray, bool, float] | None = None  # (set, timed, start) of the step before
+
+    def begin(self, now: float, samples: int, members, counted: bool) -> None:
+        """A step starts at `now` among the workers `members` (indices), this worker with
+        `samples` in it: the step before ends here. `counted` False for a step that says
+        nothing of its set (a probe step, a partial batch); a step this worker sat out is
+        not its to time."""
+        if self._open is not None:
+            mask, timed, t0 = self._open
+            self.record(mask, now - t0, timed)
+        mask = np.zeros(self.n, dtype=bool)
+        mask[list(members or [])] = True
+        self._open = (mask, counted, now) if samples > 0 else None

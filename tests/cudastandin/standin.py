@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -119,6 +120,9 @@ class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.clock: dict[int, int] | None = None
         self.queries = 0
+        self.timing = enable_timing
+        self.at: float | None = None  # host seconds at record: the stand-in runs the work already queued at once
+        self.known = False  # the host has learnt it completed (a successful query, or synchronize)
 
     def record(self, stream: Stream | None = None) -> None:
         stream = stream or current_stream()
@@ -126,6 +130,7 @@ class Event:
             stream._issue()
             self.clock = dict(stream.clock)
         self.queries = 0
+        self.at, self.known = time.perf_counter(), False
 
     def wait(self, stream: Stream | None = None) -> None:
         (stream or current_stream()).wait_event(self)
@@ -139,15 +144,29 @@ class Event:
         if self.clock is not None:
             with _CHECKER.lock:
                 _CHECKER.host.join(self.clock)
+        self.known = True
         return True
 
     def synchronize(self) -> None:
         if self.clock is not None:
             with _CHECKER.lock:
                 _CHECKER.host.join(self.clock)
+        self.known = True
 
     def elapsed_time(self, end: "Event") -> float:
-        return 0.0
+        """Milliseconds between the two records (host time: the stand-in runs work when it
+        is queued). As CUDA: both events need enable_timing=True and a record, and `end`
+        must have completed, which the host learns only from `query()` or `synchronize()`
+        (on a real GPU reading it earlier fails with cudaErrorNotReady)."""
+        if not (self.timing and end.timing):
+            raise RuntimeError("CUDA error: invalid resource handle (elapsed_time needs events made with "
+                               "enable_timing=True)")
+        if self.at is None or end.at is None:
+            raise RuntimeError("CUDA error: invalid resource handle (elapsed_time of an event never recorded)")
+        if not end.known:
+            raise RuntimeError("CUDA error: device not ready (elapsed_time before the end event completed: "
+                               "query() or synchronize() it first)")
+        return (end.at - self.at) * 1e3
 
 
 _STREAMS: "weakref.WeakSet[Stream]" = weakref.WeakSet()

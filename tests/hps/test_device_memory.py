@@ -94,14 +94,14 @@ def test_workers_sharing_a_gpu_split_its_free_memory(monkeypatch):
 
     from hetrain.runtime.memory import MemoryLimit
     from hetrain.runtime.topology import build_topology
-    from hetrain.train import balance
+    from hetrain.train import balance_devices
     from hetrain.train.balance import Balancer, BalanceConfig
 
     cluster = parse_cluster({"machines": [{"name": f"g{i}", "role": "worker", "device": {"cuda": True}}
                                           for i in range(3)]
                              + [{"name": "m", "role": "worker", "device": {"cuda": True}, "gpus": 2}]})
     topo = build_topology(cluster, "allreduce")
-    monkeypatch.setattr(balance, "memory_limit", lambda device: MemoryLimit(12 * 2**30, "cuda", "12 GiB free"))
+    monkeypatch.setattr(balance_devices, "memory_limit", lambda device: MemoryLimit(12 * 2**30, "cuda", "12 GiB free"))
     got = {}
     for p in topo.workers:
         me = SimpleNamespace(ctx=SimpleNamespace(topology=topo, rank=p.rank), cfg=BalanceConfig(memory_per_sample=1.0),
