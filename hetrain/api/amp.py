@@ -58,6 +58,9 @@ def scaled_step(opt, scaler, closure=None):
     opt._synced = False
     if flag:
         return None  # every worker skips this step; scaler.update() lowers the scale everywhere
+    if opt._out:  # sitting this step out (a probe's step on copies): its gradients are not applied
+        for _, p in opt._named:
+            p.grad = None
     return opt._inner.step(closure)
 
 

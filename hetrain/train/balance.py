@@ -84,6 +84,10 @@ class Balancer(FitExchange, DeviceReports):
         self.prices = ExchangePrices(self.n, self.cfg.window)
         self.set_times = SetTimes(self.n, self.cfg.window)  # each set's measured step (train/set_times.py)
         self.probing = False  # the step planned last is a probe step (its split is not its set's)
+        # a probe's workers out time a step on copies of samples, out of the exchange (`step_plan`;
+        # BalancedBatchSampler sets it where workers out leave the exchange), and how many
+        self.shadow_probes = False
+        self.shadow: np.ndarray | None = None
         self._partial: dict[int, StepPlan] = {}  # plans of smaller batches (an epoch's last) for these fits
         self._last_partial: dict[int, StepPlan] = {}  # the split last used for such a batch (held, see _held)
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
@@ -166,8 +170,10 @@ class Balancer(FitExchange, DeviceReports):
         """The split of the next full-batch step (call once a step, every worker): `plan`,
         or, on a probe step (`train/probe.py`), the same with every worker sitting out
         given the share it would rejoin at (unequal batches; an accumulating plan's
-        workers out stay out)."""
-        plan = self.plan
+        workers out stay out). With `shadow_probes` a probe step keeps `plan` and says in
+        `shadow` how many samples each worker out times a step on, copies of the batch's,
+        its gradients dropped: it stays out of the exchange, the others' step unchanged."""
+        plan, self.shadow = self.plan, None
         if self.solo:  # no worker to probe (FitExchange.solo)
             return plan
         out = (plan.sizes == 0) & (self.caps > 0)
@@ -183,6 +189,9 @@ class Balancer(FitExchange, DeviceReports):
         per = np.where(np.isfinite(self.fits[:, 1]) & (self.fits[:, 1] > 0), self.fits[:, 1], np.inf)
         share = np.clip(2 * plan.predicted / per, 2, rejoin) if np.isfinite(plan.predicted) else rejoin
         sizes = np.minimum(probe_sizes(plan.sizes, out, share, k), self.caps)
+        if self.shadow_probes:
+            self.shadow = np.where(out, sizes, 0)
+            return plan
         sizes[np.argmax(self.caps - sizes)] += self.global_batch - int(sizes.sum())  # what a cap cut
         return StepPlan("unequal", sizes, 0, (sizes > 0).astype(np.int64), plan.predicted)
 

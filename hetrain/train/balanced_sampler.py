@@ -19,6 +19,7 @@ from .balance import BalanceConfig, Balancer
 from .set_times import SetPeriods
 from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
+from .position import DataPosition
 from .sampler import GlobalBatchSampler
 from .stepclock import StepClock, StepRecords
 from .tail import TailClaims, split_tail
@@ -58,7 +59,7 @@ def _zero_stats() -> tuple[float, float, float, float]:
     return 0.0, 0.0, 0.0, 0.0
 
 
-class BalancedBatchSampler(torch.utils.data.Sampler):
+class BalancedBatchSampler(DataPosition, torch.utils.data.Sampler):
     """This worker's indices for every step of an epoch, balanced by measured speed.
 
     Arguments as for `BalancedLoader` (without the loading ones); `num_samples` is the
@@ -127,6 +128,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # is claimed while the step runs, so who takes part is not known when it starts
         self.leave = (job and lockstep and cfg.leave and self.claims is None and group.size > 1
                       and hasattr(optimizer, "set_exchange"))
+        # a worker out is probed on copies of samples, staying out of the exchange (its
+        # optimizer drops the gradients of a step it sits out): a probe costs the workers
+        # in no exchange with it, no re-synchronisation, none of their samples
+        self.balancer.shadow_probes = self.leave
         if self.leave:  # a set of workers not measured yet is priced by the cost model where it can be
             self.balancer.prices.short = host_allreduce(ctx, [p for g in optimizer.param_groups for p in g["params"]])
         # the step handed out last's exchange, what it costs this worker measured by kind
@@ -145,6 +150,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.steps = StepRecords(self.clock, lambda samples, seconds: self.balancer.record(samples, seconds))
         self._hook_end: tuple | None = None
         self.periods = SetPeriods(self.balancer.n, self.balancer.record_period)
+        # the batch handed out last is a probe's copies of samples others train on, this
+        # worker out of the exchange and its gradients dropped (`Balancer.step_plan`)
+        self.copies = False
         self._hook = None  # handle of the step post-hook on the wrapped optimizer
 
     def _ensure_hook(self) -> None:
@@ -171,9 +179,11 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self._ensure_hook()
         if self.engine is not None and hasattr(self.engine, "while_waiting"):
             self.engine.while_waiting(self.balancer.prefetch)  # re-plan while the step's exchange waits
+        # a worker out of the step's set (a probe's: its samples are copies, its gradients dropped)
+        inside = samples if not self.leave or members is None or self.group.rank in members else 0
         if self.leave:  # the workers with samples exchange among themselves (every worker agrees)
             self.optimizer.set_exchange(members)
-            self._shared = self.balancer.prices.kind_of(members, samples)
+            self._shared = self.balancer.prices.kind_of(members, inside)
         # one worker trains this step, the others out of its exchange: the balancer's own
         # exchange may wait longer (FitExchange._every; the same on every worker)
         self._alone = self.leave and members is not None and len(members) == 1
@@ -184,7 +194,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
         if self.leave:  # the step before, start to start, for its set's measured step (train/set_times.py)
-            self.periods.begin(time.perf_counter(), samples, members,
+            self.periods.begin(time.perf_counter(), inside, members,
                                total == self.balancer.global_batch and not self.balancer.probing)
         self._open = (samples, self.clock.mark(), self._stats())
 
@@ -245,53 +255,6 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         b = self.sampler.global_batch
         return n // b if self.drop_last else -(-n // b)
 
-    # -- position in the data (committed by an elastic job)
-    @property
-    def epoch(self) -> int:
-        """The epoch the position is in."""
-        return self.sampler.epoch
-
-    @property
-    def step(self) -> int:
-        """Steps of `epoch` done: their updates applied (the wrapped optimizer's step
-        returned) or the next step asked for. `len(self)`: the epoch is over."""
-        return self.sampler.step
-
-    def state_dict(self) -> dict:
-        """The position (epoch, step) and what fixes the data order (seed, sizes). Shares
-        are not kept: a restored job measures its own workers afresh."""
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a position `state_dict` gave: the next iteration yields the
-        remaining steps of its epoch, cut by the shares of this run's workers (the
-        global batches depend on (seed, epoch, step) only, so every remaining sample of
-        the epoch is still seen exactly once, whatever the number of workers)."""
-        self.sampler.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The next iteration runs this epoch from its start (default: the epoch after
-        the last, or the rest of a restored one; setting the restored epoch keeps its
-        position)."""
-        pos = self.sampler
-        if int(epoch) != pos.epoch or pos.step >= len(self):
-            pos.epoch, pos.step = int(epoch), 0
-
-    def epochs(self, num_epochs: int):
-        """Epoch numbers from the position on, below `num_epochs`:
-        `for epoch in loader.epochs(N): for x, y in loader: ...` runs the epochs left
-        (after a restore, the rest of the committed one first)."""
-        pos = self.sampler
-        while True:
-            if pos.step >= len(self):
-                pos.epoch, pos.step = pos.epoch + 1, 0
-            if pos.epoch >= num_epochs:
-                return
-            epoch = pos.epoch
-            yield epoch
-            if pos.epoch == epoch and pos.step < len(self):  # the loop left the epoch early: on to the next
-                pos.epoch, pos.step = epoch + 1, 0
-
     def _index_arrays(self):
         pos = self.sampler
         if pos.step >= len(self):  # the last epoch ran to its end: on to the next
@@ -313,6 +276,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
                 sizes, passes = split.static, split.held  # an upper bound on the passes (micro_batches knows them)
             lo, hi, members = self._cut(sizes, me)
             mine = batch[lo: hi]
+            shadow = self.balancer.shadow if len(batch) == gb else None
+            self.copies = bool(shadow is not None and hi == lo and shadow[me] > 0)
+            if self.copies:  # a probe: a step timed on copies, out of the exchange
+                mine = batch[:int(shadow[me])]
             self._running, self._batch = s, batch
             self._begin(len(mine), len(batch), passes + (int(-(-len(mine) // self.micro)) if self.micro else 1),
                         members)

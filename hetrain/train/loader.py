@@ -249,6 +249,13 @@ class BalancedLoader:
         return self.batches.sizes
 
     @property
+    def copies(self) -> bool:
+        """This worker's batch this step is a probe's: copies of samples other workers
+        train on, timed while it sits out of the exchange, its gradients dropped (see
+        BalancedBatchSampler.copies). A loop that counts what it trained on skips it."""
+        return self.batches.copies
+
+    @property
     def balancer(self) -> Balancer:
         return self.batches.balancer
 

@@ -73,8 +73,9 @@ def check_one_process_update(out: Path, strategy: str, tail: float, rtol=1e-5, a
     sizes = runs[0]["sizes"]
     assert torch.all(sizes.sum(1) == 24)
     assert all(torch.equal(r["sizes"], sizes) for r in runs)  # every worker agreed on every share
-    trained = torch.stack([r["trained"] for r in runs])  # workers x steps x (samples, passes)
-    assert trained[:, :, 0].sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample of every step, once
+    trained = torch.stack([r["trained"] for r in runs])  # workers x steps x (samples, passes, copies)
+    own = trained[:, :, 0] * (1 - trained[:, :, 2])  # not a probe's copies
+    assert own.sum(0).tolist() == [24] * 8 + [200 - 8 * 24]  # every sample of every step, once
     if tail:  # chunks were claimed: some worker ran more than one pass in a step
         assert int(trained[:, :, 1].max()) > 1, trained
     return runs

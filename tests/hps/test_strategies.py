@@ -396,6 +396,26 @@ def test_probe_steps_double_their_wait_and_reset_once_everyone_is_in_for_a_first
     assert sizes.tolist() == [255, 60, 85] and sizes.sum() == 400  # 1.5 x 40, from the others by share
 
 
+def test_a_probe_on_copies_keeps_the_split_and_says_what_each_worker_out_times():
+    """Where workers out leave the exchange (BalancedBatchSampler sets `shadow_probes`), a
+    probe step keeps the plan (the others train the whole batch) and `shadow` gives each
+    worker out the samples it times a step on, copies, its gradients dropped."""
+    b = Balancer(None, 100, BalanceConfig(overlap_exchange=False, every=1, probe_every=2),
+                 gather=_fake_gather([np.inf, 5, 0, 0, 1], [0.0, 0.05]), num_workers=2)
+    b.shadow_probes = True
+    b.record(50, 0.05)
+    b.update()
+    seen = []
+    for _ in range(6):
+        plan = b.step_plan()
+        seen.append((plan.sizes.tolist(), None if b.shadow is None else b.shadow.tolist(), b.probing))
+        b.record(int(b.sizes[0]), 1e-3 * int(b.sizes[0]))
+        b.update()
+    assert all(sizes == [100, 0] for sizes, _, _ in seen), seen
+    assert [shadow for _, shadow, probing in seen if probing] == [[0, 4], [0, 6], [0, 2]], seen
+    assert all(shadow is None for _, shadow, probing in seen if not probing)
+
+
 def test_a_worker_that_sat_out_is_measured_again_and_rejoins_once_it_recovers():
     """Worker 1 stalls (200 ms more a pass) and sits out: a worker that trains on no sample
     records no time, so only a probe (a few steps with every worker in, after a wait that

@@ -53,24 +53,28 @@ SLOW_THIRD = {"name": "t", "machines": [
 
 
 @pytest.mark.slow
-def test_a_balanced_worker_too_slow_to_help_leaves_and_rejoins_for_probes(launch, tmp_path):
+def test_a_balanced_worker_too_slow_to_help_leaves_and_is_probed_on_copies(launch, tmp_path):
     """Through BalancedLoader: a worker 25x slower than the fastest gets a sliver of a share,
-    so it sits out and leaves the exchange; probes (every 2 steps here) bring it back for a
-    step or more, re-synchronised first. Every worker ends with one process's parameters."""
+    so it sits out and leaves the exchange; probes (every 2 steps here) time it on copies
+    of samples the others train on, out of the exchange, its gradients dropped: the others
+    keep the whole batch and no re-synchronisation is made for a probe. Every worker ends
+    with one process's parameters."""
     from tests.hps.test_hps_multiprocess import HPS, check_one_process_update
 
     out = tmp_path / "params"
     rc, log, _ = launch(str(HPS / "balanced_train.py"), str(out), "--probe-every=2", cluster=SLOW_THIRD,
                         mode="allreduce", timeout=30, limit=300)
     assert rc == 0, log
-    runs = check_one_process_update(out, "unequal", 0.0)
-    samples = runs[2]["trained"][:, 0].tolist()  # the slow worker's samples per step
-    out_steps = [k for k, n in enumerate(samples) if n == 0]
-    assert out_steps, samples  # it sat out ...
-    assert runs[2]["sat_out"] == len(out_steps) and runs[2]["exchanges"] == len(samples) - len(out_steps)
-    back = [k for k in range(out_steps[0], len(samples)) if samples[k] > 0]
-    assert back, samples  # ... and a probe brought it back, re-synchronised first (and at the end)
-    assert all(r["resyncs"] >= 1 + (samples[-1] == 0) for r in runs), [r["resyncs"] for r in runs]
+    runs = check_one_process_update(out, "unequal", 0.0)  # (the others trained every sample of every step)
+    trained = runs[2]["trained"]  # the slow worker's steps: samples, passes, copies
+    own = (trained[:, 0] * (1 - trained[:, 2])).tolist()
+    out_steps = [k for k, n in enumerate(own) if n == 0]
+    assert out_steps, trained  # it sat out ...
+    assert runs[2]["sat_out"] == len(out_steps) and runs[2]["exchanges"] == len(own) - len(out_steps)
+    probed = [k for k in out_steps if trained[k, 2]]
+    assert probed and all(int(trained[k, 0]) > 0 for k in probed), trained  # ... timed on copies while out
+    rejoins = sum(1 for k in range(out_steps[0], len(own)) if own[k] > 0 and own[k - 1] == 0)
+    assert all(r["resyncs"] == rejoins + int(own[-1] == 0) for r in runs), [r["resyncs"] for r in runs]
 
 
 MIXED = {"name": "mixed", "machines": [

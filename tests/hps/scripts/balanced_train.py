@@ -35,7 +35,8 @@ opt = hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, m
 loader = BalancedLoader(data(), GLOBAL_BATCH, optimizer=opt, model=model, seed=7, strategy=strategy, tail=tail,
                         config=BalanceConfig(probe_every=probe_every))
 compute = []  # per step: samples, device speed, compute seconds (real + emulated), emulated sleep
-trained = []  # per step: samples this worker trained on (its claimed tail chunks included), passes
+trained = []  # per step: samples this worker trained on (its claimed tail chunks included), passes, and
+# whether they were a probe's copies (timed out of the exchange, gradients dropped)
 for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
     opt.zero_grad()
     n = passes = 0
@@ -46,7 +47,7 @@ for x, y in loader:  # one epoch: 8 global batches of 24 and a last one of 8
             (F.cross_entropy(model(mx), my) * (len(mx) / len(x))).backward()
             n, passes = n + len(mx), passes + 1
     compute.append([len(x), device.last_speed, device.last_s, device.last_sleep_s])
-    trained.append([n, passes])
+    trained.append([n, passes, int(loader.copies)])
     opt.step()
 loader.finish()
 out.mkdir(parents=True, exist_ok=True)

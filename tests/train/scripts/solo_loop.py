@@ -61,7 +61,7 @@ def main() -> None:
             return sync(*args, **kwargs)
 
         torch.cuda.synchronize = counting_sync
-    seen, alone = [], []
+    seen, alone, copies = [], [], []  # copies: a probe's step on copies of samples (not trained on)
     for _ in loader.epochs(EPOCHS // 3 if by_speed else EPOCHS):
         for xb, yb, ib in loader:
             opt.zero_grad()
@@ -72,7 +72,8 @@ def main() -> None:
                 else:
                     F.cross_entropy(model(xb), yb).backward()
             opt.step()
-            seen.append(ib.cpu().tolist())
+            seen.append([] if loader.copies else ib.cpu().tolist())
+            copies.append(loader.copies)
             alone.append(loader.batches._alone)
             if bal.rows is not None:
                 applied.append(bal.rows_step)
@@ -84,7 +85,7 @@ def main() -> None:
                 "device": str(next(model.parameters()).device), "seen": seen, "solo": bal.solo,
                 "every": bal.exchange_every, "history": [h.tolist() for h in bal.history], "posts": posts,
                 "applied": applied, "recorded": recorded, "exchanges": opt._members.exchanges,
-                "sat_out": opt._members.sat_out, "syncs": syncs, "alone": alone,
+                "sat_out": opt._members.sat_out, "syncs": syncs, "alone": alone, "copies": copies,
                 "window": WINDOW, "cfg_every": bal.cfg.every}, out / f"rank{rank}.pt")
     hetrain.shutdown()
 
