@@ -347,7 +347,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, help="times the three in-job phases run in turn, each phase's samples/s "
                     "the median (default 1; 3 in a CPU dry run, where the phases share the host's few cores)")
-    ap.add_argument("--window", type=int, default=8, help=argparse.SUPPRESS)
+    # the balancer's window (BalanceConfig.window): its default, what a user's job runs with
+    ap.add_argument("--window", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--lr", type=float, default=0.01, help=argparse.SUPPRESS)
     ap.add_argument("--calib-batches", type=int, nargs="+", default=[256, 1024, 4096, 16384], help=argparse.SUPPRESS)
     ap.add_argument("--calib-reps", type=int, default=5, help=argparse.SUPPRESS)
