@@ -231,7 +231,7 @@ def worker(a) -> int:
         del xb, yb
     dist.barrier(group=group)
 
-    out.update(_phases(a, (x_all, y_all), B, n, model, opt, device))
+    out.update(_phases(a, (x_all, y_all), B, n, model, opt, device, lambda: dist.barrier(group=group)))
     if rank == 0:
         out["gpu_name"] = describe_device(device)
         Path(a.out).write_text(json.dumps(out))
@@ -239,7 +239,7 @@ def worker(a) -> int:
     return 0
 
 
-def _phases(a, data, batch: int, n: int, model, opt, device) -> dict:
+def _phases(a, data, batch: int, n: int, model, opt, device, barrier) -> dict:
     """The three in-job phases, through the same BalancedLoader and push_pull: the GPU
     only (the CPU workers capped at 0 samples), the CPU workers only, and all balanced;
     `a.rounds` times in turn, each phase's samples/s the median of its rounds."""
@@ -253,7 +253,7 @@ def _phases(a, data, batch: int, n: int, model, opt, device) -> dict:
         for k, (name, limit) in enumerate(phases.items()):
             loader = BalancedLoader(data, batch, optimizer=opt, device=device, model=model,
                                     max_samples=limit, config=BalanceConfig(window=a.window), seed=k + 3 * r)
-            out[name] = _phase(a, loader, model, opt, batch)  # the last round's details
+            out[name] = _phase(a, loader, model, opt, batch, barrier)  # the last round's details
             sps[name].append(out[name]["sps"])
             if name == "mixed":
                 out["devices"] = [d.label() for d in loader.balancer.devices]
@@ -262,9 +262,13 @@ def _phases(a, data, batch: int, n: int, model, opt, device) -> dict:
     return out
 
 
-def _phase(a, loader, model, opt, batch: int) -> dict:
+def _phase(a, loader, model, opt, batch: int, barrier) -> dict:
     """One in-job phase: `a.warmup + a.steps` steps through `loader`; samples/s after the
-    warm-up from the wall clock, the shares, compute spreads, fits and where a step goes."""
+    warm-up from the wall clock between two barriers of the workers (at the end of the
+    warm-up, and after the last step's exchange: this worker may sit out and run ahead of
+    the ones that train by up to two of the balancer's exchanges, which come only every
+    `window` steps while one worker trains alone), the shares, compute spreads, fits and
+    where a step goes."""
     import torch.nn.functional as F
 
     total = a.warmup + a.steps
@@ -280,12 +284,17 @@ def _phase(a, loader, model, opt, batch: int) -> dict:
             if loader.batches.last_rows is not None:  # a step's per-worker metrics, agreed by all
                 rows.append(loader.batches.last_rows.copy())
             step += 1
+            if step == a.warmup:
+                barrier()
+                t0 = time.perf_counter()
             if step >= total:
                 break
     loader.finish()  # close the last step (measured and exchanged like the others)
+    barrier()
+    t1 = time.perf_counter()
     stamps = np.asarray(stamps)
     sp = np.asarray(loader.spreads[a.warmup:], dtype=float)
-    return {"sps": batch * (len(stamps) - a.warmup) / (stamps[-1] - stamps[a.warmup - 1]),
+    return {"sps": batch * a.steps / (t1 - t0),
             "shares": [h.tolist() for h in loader.balancer.history],
             "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
             "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,

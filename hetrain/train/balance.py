@@ -187,7 +187,9 @@ class Balancer(FitExchange, DeviceReports):
         # the probe step more than twice the planned one (a CPU beside GPUs), at least 2
         rejoin = self.cfg.rejoin * max(self.cfg.small_share, 0.05) * self.global_batch / self.n
         per = np.where(np.isfinite(self.fits[:, 1]) & (self.fits[:, 1] > 0), self.fits[:, 1], np.inf)
-        share = np.clip(2 * plan.predicted / per, 2, rejoin) if np.isfinite(plan.predicted) else rejoin
+        # (on copies, beside the others' step: as long as it, at most, where they share cores)
+        reach = 1.0 if self.shadow_probes else 2.0
+        share = np.clip(reach * plan.predicted / per, 2, rejoin) if np.isfinite(plan.predicted) else rejoin
         sizes = np.minimum(probe_sizes(plan.sizes, out, share, k), self.caps)
         if self.shadow_probes:
             self.shadow = np.where(out, sizes, 0)
