@@ -54,6 +54,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from hetero_real import _data, _mlp  # noqa: E402  (the same model and data as the heterogeneity bench)
 from pinned_pair import repo_env  # noqa: E402
 
 # where a function's own time is counted (first match of its file path)
@@ -62,26 +63,6 @@ AREAS = (("hetrain/train/", "hetrain.train (loader, balancer)"), ("hetrain/api/"
          ("hetrain/", "hetrain (other)"), ("torch/distributed", "torch.distributed"),
          ("torch/optim", "torch.optim"), ("torch/autograd", "torch autograd"), ("torch/nn", "torch.nn"),
          ("numpy", "numpy"), ("torch", "torch (other)"), ("builtins", "python builtins"))
-
-
-def _mlp(width: int, inputs: int = 256, classes: int = 10, depth: int = 3):
-    import torch
-    import torch.nn as nn
-
-    torch.manual_seed(0)
-    layers, d = [], inputs
-    for _ in range(depth):
-        layers += [nn.Linear(d, width), nn.ReLU()]
-        d = width
-    return nn.Sequential(*layers, nn.Linear(d, classes))
-
-
-def _data(n: int, inputs: int = 256, classes: int = 10):
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(n, inputs, generator=g)
-    return x, (x @ torch.randn(inputs, classes, generator=g)).argmax(1)
 
 
 # ---------------------------------------------------------------- the worker (launched) --
