@@ -71,12 +71,16 @@ class SetTimes:
         self._mine: list[float] = []  # periods since the last report, of set `_mine_key`
         self._mine_key = -1
         self._hist: dict[int, list[tuple[int, float]]] = {}  # set -> [(step, seconds)], agreed
+        self._keys: dict[bytes, int] = {}  # a set's mask (bytes) -> its key
 
     def record(self, members, seconds: float, counted: bool = True) -> None:
         """This worker's step just done took `seconds` from its start to the next step's,
         among the workers `members` (bool per worker; this worker one of them); `counted`
         False for a step that says nothing of its set (a probe, a partial batch)."""
-        key = set_key(members)
+        raw = np.asarray(members, dtype=bool).tobytes()
+        key = self._keys.get(raw)
+        if key is None:  # a step's set is known by its bytes after the first time (no loop per step)
+            key = self._keys[raw] = set_key(members)
         changed, self._last_key = key != self._last_key, key
         if not self.timed or not counted or changed or not math.isfinite(seconds) or seconds <= 0:
             return
@@ -155,6 +159,7 @@ class SetPeriods:
         self.n = workers
         self.record = record
         self._open: tuple[np.ndarray, bool, float] | None = None  # (set, timed, start) of the step before
+        self._masks: dict[tuple, np.ndarray] = {}
 
     def begin(self, now: float, samples: int, members, counted: bool) -> None:
         """A step starts at `now` among the workers `members` (indices), this worker with
@@ -164,6 +169,12 @@ class SetPeriods:
         if self._open is not None:
             mask, timed, t0 = self._open
             self.record(mask, now - t0, timed)
-        mask = np.zeros(self.n, dtype=bool)
-        mask[list(members or [])] = True
-        self._open = (mask, counted, now) if samples > 0 else None
+        if samples <= 0:
+            self._open = None
+            return
+        ranks = tuple(members or ())
+        mask = self._masks.get(ranks)
+        if mask is None:  # the same few sets step after step: made once each
+            mask = self._masks[ranks] = np.zeros(self.n, dtype=bool)
+            mask[list(ranks)] = True
+        self._open = (mask, counted, now)
