@@ -272,7 +272,7 @@ def _phase(a, loader, model, opt, batch: int, barrier) -> dict:
     import torch.nn.functional as F
 
     total = a.warmup + a.steps
-    stamps, rows = [], []
+    stamps, rows, trained = [], [], 0
     step = 0
     while step < total:
         for x, y in loader:
@@ -281,6 +281,7 @@ def _phase(a, loader, model, opt, batch: int, barrier) -> dict:
                 F.cross_entropy(model(x), y).backward()
             opt.step()
             stamps.append(time.perf_counter())
+            trained += int(step >= a.warmup and len(x) > 0 and not loader.copies)
             if loader.batches.last_rows is not None:  # a step's per-worker metrics, agreed by all
                 rows.append(loader.batches.last_rows.copy())
             step += 1
@@ -299,7 +300,11 @@ def _phase(a, loader, model, opt, batch: int, barrier) -> dict:
             "spread_median": float(np.nanmedian(sp)) if np.isfinite(sp).any() else None,
             "spread_p90": float(np.nanpercentile(sp, 90)) if np.isfinite(sp).any() else None,
             "fits": loader.balancer.fits.tolist(),
-            "step_ms": float(np.median(np.diff(stamps[a.warmup - 1:]))) * 1e3,
+            # this worker's median step where it trained in most measured steps; else (it sat
+            # out and its loop ran ahead of the others') the mean step between the barriers
+            "step_ms": (float(np.median(np.diff(stamps[a.warmup - 1:]))) if trained * 2 >= a.steps
+                        else (t1 - t0) / a.steps) * 1e3,
+            "step_ms_from": "median step" if trained * 2 >= a.steps else "mean step between barriers",
             **_breakdown(rows[a.warmup:])}
 
 

@@ -79,7 +79,7 @@ def _report(res: dict, a) -> dict:
         g, c, m = (b / (res[k]["step_ms"] / 1e3) for k in ("gpu", "cpu", "mixed"))
         summary.update(gpu_sps_median_step=g, cpu_sps_median_step=c, mixed_sps_median_step=m,
                        efficiency_median_step=m / (g + c))
-        print(f"from the median step: GPU only {g:.0f}, CPU only {c:.0f}, balanced {m:.0f} samples/s; "
+        print(f"from the median step (the mean where the first worker sat out): GPU only {g:.0f}, CPU only {c:.0f}, balanced {m:.0f} samples/s; "
               f"mixed / ideal {m / (g + c):.3f}")
     label = {"gpu": "the GPU worker alone", "cpu": "the CPU workers alone"}[summary["best_subset"]]
     print(f"mixed / best subset ({label}) = {summary['mixed_over_best_subset']:.3f} (bar 0.95)"
