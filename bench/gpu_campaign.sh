@@ -7,6 +7,11 @@
 #   bash bench/gpu_campaign.sh [STEP ...]     # steps: env tests sanitizer gpubench demo hetero heterps pushpull shard
 #
 # On a machine without pydantic, wheels in .whl/ are installed first (no network needed).
+#
+# The step limits add up to more than one device command may run (600 s) and than a
+# session's device time (900 s): run the bars first, in one command,
+#   bash bench/gpu_campaign.sh env hetero pushpull shard     # limits 480 s
+# then what time is left allows: tests (300 s), sanitizer (210 s), demo, gpubench, heterps.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
