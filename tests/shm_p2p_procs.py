@@ -31,6 +31,16 @@ def messages(src: int) -> list[tuple[int, torch.Tensor]]:
     return out
 
 
+def until(cond, what: str, timeout: float = 10.0) -> None:
+    """Wait until `cond()` holds (the channel's state moves on the pump's threads, which
+    signal nothing a test could wait on), failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(0.001)
+
+
 def exchange(rank: int, n: int, job: str, out) -> None:
     """Both ranks post every send first, then their receives in reverse tag order after
     a pause (the messages wait as orphans or in the ring; two receives of one tag are
@@ -42,7 +52,7 @@ def exchange(rank: int, n: int, job: str, out) -> None:
     ch = pump.channels[peer]
     sent = messages(rank)
     sends = [ch.isend(t, tag, what=f"sending {tag}") for tag, t in sent]
-    time.sleep(0.3)
+    until(ch.inbox.ready, "the peer's first message in this ring before any receive is posted")
     expect = messages(peer)
     bufs = [torch.empty_like(t) for _, t in expect]
     recvs = [None] * len(expect)
@@ -51,17 +61,18 @@ def exchange(rank: int, n: int, job: str, out) -> None:
     for w in sends + recvs:
         w.wait()
     ok = all(torch.equal(b, t) for b, (_, t) in zip(bufs, expect))
-    deadline = time.monotonic() + 10
-    while pump.mailbox.segment.linked and time.monotonic() < deadline:  # the pump unlinks it when it can
-        time.sleep(0.01)
+    try:  # the pump unlinks the name once every sender has attached
+        until(lambda: not pump.mailbox.segment.linked, "the mailbox's name unlinked")
+    except TimeoutError:
+        pass  # reported: the test fails on it
     out.put((rank, ok, pump.mailbox.segment.linked))
     out.close()
     out.join_thread()
 
 
 def killed(rank: int, n: int, job: str, out) -> None:
-    """One good exchange each way, then rank 1 dies; rank 0 waits for its next message
-    and reports what it was told, and how soon."""
+    """One good exchange each way, then rank 1 dies as rank 0 starts waiting for its next
+    message; rank 0 reports what it was told, and how soon."""
     torch.set_num_threads(1)
     peer = 1 - rank
     pump = Pump(job, SECRET, "t", rank, [peer], timeout_s=30, **RING)
@@ -71,11 +82,12 @@ def killed(rank: int, n: int, job: str, out) -> None:
     s, r = ch.isend(x, 1), ch.irecv(y, 1)
     s.wait()
     r.wait()
-    while pump.mailbox.segment.linked:  # both mailboxes mapped by the other: the names are gone
-        time.sleep(0.01)
-    if rank == 1:
-        time.sleep(0.2)
+    # both mailboxes mapped by the other: the names are gone
+    until(lambda: not pump.mailbox.segment.linked, "the mailbox's name unlinked")
+    if rank == 1:  # dies once rank 0 says it is about to wait for its next message
+        ch.irecv(torch.empty(1), 3).wait()
         os.kill(os.getpid(), signal.SIGKILL)
+    ch.isend(torch.zeros(1), 3).wait()
     t0 = time.monotonic()
     try:
         ch.irecv(y, 2, what="receiving the next partition").wait()
