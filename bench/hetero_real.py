@@ -360,7 +360,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, help="times the three in-job phases run in turn, each phase's samples/s "
-                    "the median (default 1; 3 in a CPU dry run, where the phases share the host's few cores)")
+                    "the median (default 1; 5 in a CPU dry run, where the phases share the host's few cores and a "
+                    "round's rates move with its load by 10-30%%)")
     # the balancer's window (BalanceConfig.window): its default, what a user's job runs with
     ap.add_argument("--window", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--lr", type=float, default=0.01, help=argparse.SUPPRESS)
@@ -391,7 +392,7 @@ def main(argv=None) -> int:
     # not counted, the next 4 are: hetrain/train/exchange_price.py) and settles on a set,
     # the sets it tries measured (train/set_times.py)
     warmup = a.warmup or (48 if a.cpu_dry_run else (24 if a.quick else 32))
-    rounds = a.rounds or (3 if a.cpu_dry_run else 1)
+    rounds = a.rounds or (5 if a.cpu_dry_run else 1)
     with tempfile.TemporaryDirectory(prefix="hetero-real-") as d:
         tmp = Path(d)
         import yaml

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..perf.exchangeset import fastest_sets
 from ..perf.stepfit import StepTimeModel
 from ..perf.steptime import StepPlan, plan_step, plan_time, predicted_times, step_floor
 from .balance_config import BalanceConfig
@@ -40,6 +41,7 @@ from .set_times import SetTimes
 from .balance_exchange import FitExchange
 from .exchange import Gather, worker_gather
 from .probe import Probe, probe_sizes
+from .trial import SubsetTrial
 
 
 class Balancer(FitExchange, DeviceReports):
@@ -103,6 +105,8 @@ class Balancer(FitExchange, DeviceReports):
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
         self.probe = Probe(self.cfg.probe_every, -(-self.cfg.recent // 2))  # when a worker sitting out trains
+        # when a set of several gives way to a subset never measured (train/trial.py)
+        self.trial = SubsetTrial(self.cfg.probe_every, 4 * self.cfg.window)
         self.plan: StepPlan | None = None  # the full batch's current plan (none while the first is made)
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes
@@ -204,11 +208,18 @@ class Balancer(FitExchange, DeviceReports):
         if current is None or hold <= 0 or (self.every_worker and bool((current.sizes == 0).any())):
             return False
         if self._priced(current.sizes.sum()):  # a smaller set is kept within `cfg.hold` only (`_held`)
-            if self.set_times.better(current.sizes > 0, self.step) is not None:
+            members = current.sizes > 0
+            if self.set_times.better(members, self.step) is not None:
                 return False  # another set ran measurably faster (train/set_times.py): solve, and take it
+            if self.trial.due(self.rows_step, members, self._measured(members)):
+                return False  # a subset is on trial, or may go on trial now (train/trial.py): solve
             floor = self.prices.floor(current.sizes.sum(), fixed, per, self.caps, floor)
             hold = min(hold, self.cfg.hold)
         return self._price(current, fixed, per) <= floor * (1 + hold)
+
+    def _measured(self, members) -> bool:
+        """Whether the set `members` (bool mask) has a measured step (train/set_times.py)."""
+        return math.isfinite(self.set_times.time(members, self.step))
 
     def _priced(self, total) -> bool:
         """Whether the exchange is priced when the full batch's workers are chosen
@@ -257,6 +268,11 @@ class Balancer(FitExchange, DeviceReports):
                 plan = solve(faster)
                 if current is None or not bool(((current.sizes > 0) == (plan.sizes > 0)).all()):
                     return plan  # measured faster, where the fits say otherwise: not held against them
+            if int(total) == self.global_batch:  # a subset never measured, on trial (train/trial.py)
+                trial = self.trial.propose(self.rows_step, plan.sizes > 0, self._measured(plan.sizes > 0),
+                                           fastest_sets(total, fixed, per, caps), self._measured)
+                if trial is not None:
+                    return solve(trial)
         if plan.sizes.sum() != total:  # pragma: no cover - the solvers guarantee it
             raise RuntimeError(f"balancer split {total} samples into {plan.sizes.tolist()}")
         return self._held(current, plan, fixed, per) if measured else plan

@@ -16,6 +16,7 @@ import torch
 from ..errors import UserError
 from ..perf.steptime import spread
 from .balance import BalanceConfig, Balancer
+from .pace import SitOutPace
 from .set_times import SetPeriods
 from .exchange_price import host_allreduce
 from .exchange import Gather, worker_gather
@@ -150,6 +151,8 @@ class BalancedBatchSampler(DataPosition, torch.utils.data.Sampler):
         self.steps = StepRecords(self.clock, lambda samples, seconds: self.balancer.record(samples, seconds))
         self._hook_end: tuple | None = None
         self.periods = SetPeriods(self.balancer.n, self.balancer.record_period)
+        times = self.balancer.set_times  # a worker sitting out keeps to half the trainers' pace (train/pace.py)
+        self.pace = SitOutPace(times.time, lambda: times.version, self.balancer.n)
         # the batch handed out last is a probe's copies of samples others train on, this
         # worker out of the exchange and its gradients dropped (`Balancer.step_plan`)
         self.copies = False
@@ -193,7 +196,10 @@ class BalancedBatchSampler(DataPosition, torch.utils.data.Sampler):
             # accumulating: the exchange starts on this worker's last micro-batch
             self.optimizer.backward_passes_per_step = max(1, passes)
         self._hook_end = None
-        if self.leave:  # the step before, start to start, for its set's measured step (train/set_times.py)
+        if self.leave:
+            # sitting out: at half the trainers' pace, not in bursts that take their cores (train/pace.py)
+            self.pace.begin(samples == 0, members, self.balancer.step)
+            # the step before, start to start, for its set's measured step (train/set_times.py)
             self.periods.begin(time.perf_counter(), inside, members,
                                total == self.balancer.global_batch and not self.balancer.probing)
         self._open = (samples, self.clock.mark(), self._stats())

@@ -72,6 +72,7 @@ class SetTimes:
         self._mine_key = -1
         self._hist: dict[int, list[tuple[int, float]]] = {}  # set -> [(step, seconds)], agreed
         self._keys: dict[bytes, int] = {}  # a set's mask (bytes) -> its key
+        self.version = 0  # changes whenever the agreed record may have (`receive`, `forget`)
 
     def record(self, members, seconds: float, counted: bool = True) -> None:
         """This worker's step just done took `seconds` from its start to the next step's,
@@ -98,6 +99,7 @@ class SetTimes:
     def receive(self, keys, seconds, step: int) -> None:
         """Every worker's `mine` of one exchange of rows, at the balancer's `step`: each
         set reported gets the median of its members' numbers."""
+        self.version += 1
         keys = np.asarray(keys, dtype=float)
         seconds = np.asarray(seconds, dtype=float)
         good = np.isfinite(keys) & np.isfinite(seconds) & (seconds > 0)
@@ -111,6 +113,7 @@ class SetTimes:
         """Drop the times of every set with one of `workers` (bool per worker) in it: a
         probe measures them afresh (a stall ended, a neighbour left), and the sets they
         would rejoin are priced by prediction again, and tried where it says so."""
+        self.version += 1
         mask = set_key(workers)
         for key in [k for k in self._hist if k & mask]:
             del self._hist[key]

@@ -75,6 +75,10 @@ def test_a_balanced_worker_too_slow_to_help_leaves_and_is_probed_on_copies(launc
     assert probed and all(int(trained[k, 0]) > 0 for k in probed), trained  # ... timed on copies while out
     rejoins = sum(1 for k in range(out_steps[0], len(own)) if own[k] > 0 and own[k - 1] == 0)
     assert all(r["resyncs"] == rejoins + int(own[-1] == 0) for r in runs), [r["resyncs"] for r in runs]
+    # only a worker sitting out keeps to the trainers' pace: one that trained every step never waited
+    for r, run in enumerate(runs):
+        if all(run["trained"][:, 0] * (1 - run["trained"][:, 2]) > 0):
+            assert run["slept"] == 0.0, (r, run["slept"])
 
 
 MIXED = {"name": "mixed", "machines": [

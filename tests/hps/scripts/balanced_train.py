@@ -59,6 +59,7 @@ torch.save({"params": {k: v.detach().cpu().clone() for k, v in model.state_dict(
             "hidden_s": torch.tensor([s["hidden_s"] for s in hetrain.engine().stats.per_step]),
             "compute": torch.tensor(compute, dtype=torch.float64), "cost": COST,
             "trained": torch.tensor(trained),
+            "slept": loader.batches.pace.slept,  # seconds it waited while sitting out (train/pace.py)
             # steps this worker exchanged in, sat out, and re-synchronisations (a worker rejoining)
             "exchanges": opt._members.exchanges, "sat_out": opt._members.sat_out, "resyncs": opt._members.resyncs}, out / f"rank{rank}.pt")
 hetrain.shutdown()

@@ -1,0 +1,76 @@
+"""A worker that sits steps out paces its loop to the workers that train.
+
+A worker with no samples in a step leaves its exchange (api/members.py): its loop still
+runs every step (the user's step count, schedules and commits stay the same on every
+worker), but each such step is a few hundred microseconds of bookkeeping and nothing
+holds it back but the balancer's exchange of rows, which it completes up to two
+exchanges ahead of the workers that train (train/balance_exchange.py). So it ran in
+bursts: blocked, then released by the trainers' exchange, then a whole window of steps
+at once. Where it shares cores with them (workers of one host, a GPU worker's feeding
+threads beside CPU workers), a burst takes the cores at the moment the trainers resume:
+on a 2-core host with two workers out beside one training alone (`bench/hetero_real.py
+--cpu-dry-run`), the trainer's step after every exchange took twice its median, about
+6% of its samples/s over a window of 16 steps.
+
+So a step this worker sits out starts no sooner than `PACE` of the trainers' measured
+step (train/set_times.py) after its step before: its work spreads over the steps it
+runs beside, and, at twice their pace, it still stays ahead of them: it is never the
+worker an exchange waits for. Where the set was not measured yet, or its own loop is
+slower than that anyway, it does not wait.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+# a step sat out starts at most once per this fraction of the training set's step: 2x
+# their pace, so the worker stays ahead of them while its work spreads over their steps
+PACE = 0.5
+
+
+class SitOutPace:
+    """When a step this worker sits out may start (`begin`, at every step's start).
+
+    `set_time(mask, step)` is the measured step seconds of the set of workers `mask`
+    (NaN where not measured: `SetTimes.time`); `version()` changes whenever those times
+    may have (`SetTimes.version`), so a set's time is looked up once per exchange, not
+    per step."""
+
+    def __init__(self, set_time: Callable[[np.ndarray, int], float], version: Callable[[], int], workers: int,
+                 pace: float = PACE, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.set_time, self.version, self.n, self.pace = set_time, version, workers, pace
+        self.clock, self.sleep = clock, sleep
+        self.slept = 0.0  # seconds this worker waited in all (it sat out then: no step of its is slower)
+        self._last: float | None = None  # the start of this worker's step before
+        self._period: tuple[tuple, int, float] | None = None  # (members, version, their step seconds)
+
+    def period(self, members, step: int) -> float:
+        """The measured step seconds of the workers `members` (indices); NaN where not measured."""
+        ranks, version = tuple(members), self.version()
+        if self._period is None or self._period[:2] != (ranks, version):
+            mask = np.zeros(self.n, dtype=bool)
+            mask[list(ranks)] = True
+            self._period = (ranks, version, float(self.set_time(mask, step)))
+        return self._period[2]
+
+    def begin(self, out: bool, members, step: int) -> float:
+        """A step starts, which this worker sits `out` (no samples, not a probe's copies)
+        among the training workers `members`: wait until `PACE` of their measured step
+        has passed since this worker's step before started. Returns the seconds waited."""
+        now, waited = self.clock(), 0.0
+        if out and members and self._last is not None:
+            period = self.period(members, step)
+            if math.isfinite(period) and period > 0:
+                waited = self._last + self.pace * period - now
+                if waited > 0:
+                    self.sleep(waited)
+                    self.slept += waited
+                    now = self.clock()
+                else:
+                    waited = 0.0
+        self._last = now
+        return waited
