@@ -12,11 +12,16 @@ on a 2-core host with two workers out beside one training alone (`bench/hetero_r
 --cpu-dry-run`), the trainer's step after every exchange took twice its median, about
 6% of its samples/s over a window of 16 steps.
 
-So a step this worker sits out starts no sooner than `PACE` of the trainers' measured
-step (train/set_times.py) after its step before: its work spreads over the steps it
-runs beside, and, at twice their pace, it still stays ahead of them: it is never the
-worker an exchange waits for. Where the set was not measured yet, or its own loop is
-slower than that anyway, it does not wait.
+So the steps this worker sits out keep to `PACE` of the trainers' measured step
+(train/set_times.py): its work spreads over the steps it runs beside, and, at twice
+their pace, it still stays ahead of them: it is never the worker an exchange waits for.
+It waits once every `CHUNK` such steps, for what those steps owe. Every step: a sleep
+costs its process 80-90 us of CPU on a virtual machine's timers (`bench/loop_overhead.py`:
+a worker sitting out used about 170 us a step sleeping every step, 80 without pacing,
+120 waiting every 4 steps), but on shared cores even 4 steps at once cost the trainer
+more than that CPU: five alternating dry runs gave `mixed_over_best_subset` 0.968-0.995
+(mean 0.980) waiting every step, 0.915-1.011 (mean 0.966) every 4. Where the set was not
+measured yet, or its own loop is slower than that anyway, it does not wait.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 # a step sat out starts at most once per this fraction of the training set's step: 2x
 # their pace, so the worker stays ahead of them while its work spreads over their steps
 PACE = 0.5
+CHUNK = 1  # steps sat out between two waits (each wait for all of them)
 
 
 class SitOutPace:
@@ -40,12 +46,13 @@ class SitOutPace:
     per step."""
 
     def __init__(self, set_time: Callable[[np.ndarray, int], float], version: Callable[[], int], workers: int,
-                 pace: float = PACE, clock: Callable[[], float] = time.perf_counter,
+                 pace: float = PACE, chunk: int = CHUNK, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep):
-        self.set_time, self.version, self.n, self.pace = set_time, version, workers, pace
+        self.set_time, self.version, self.n, self.pace, self.chunk = set_time, version, workers, pace, chunk
         self.clock, self.sleep = clock, sleep
         self.slept = 0.0  # seconds this worker waited in all (it sat out then: no step of its is slower)
-        self._last: float | None = None  # the start of this worker's step before
+        self._since: float | None = None  # the start of the first step sat out since the last wait
+        self._steps = 0  # steps sat out since then, this one excluded
         self._period: tuple[tuple, int, float] | None = None  # (members, version, their step seconds)
 
     def period(self, members, step: int) -> float:
@@ -59,18 +66,23 @@ class SitOutPace:
 
     def begin(self, out: bool, members, step: int) -> float:
         """A step starts, which this worker sits `out` (no samples, not a probe's copies)
-        among the training workers `members`: wait until `PACE` of their measured step
-        has passed since this worker's step before started. Returns the seconds waited."""
-        now, waited = self.clock(), 0.0
-        if out and members and self._last is not None:
-            period = self.period(members, step)
-            if math.isfinite(period) and period > 0:
-                waited = self._last + self.pace * period - now
-                if waited > 0:
-                    self.sleep(waited)
-                    self.slept += waited
-                    now = self.clock()
-                else:
-                    waited = 0.0
-        self._last = now
-        return waited
+        among the training workers `members`. Every `chunk` steps sat out in a row, wait
+        until `PACE` of the trainers' measured step per such step has passed since the
+        first of them started. Returns the seconds waited."""
+        now = self.clock()
+        period = self.period(members, step) if out and members else math.nan
+        if not (math.isfinite(period) and period > 0):  # it trains, or no pace to keep
+            self._since = None
+            return 0.0
+        if self._since is None:
+            self._since, self._steps = now, 0
+        if self._steps < self.chunk:
+            self._steps += 1
+            return 0.0
+        waited = self._since + self._steps * self.pace * period - now
+        if waited > 0:
+            self.sleep(waited)
+            self.slept += waited
+            now = self.clock()
+        self._since, self._steps = now, 1  # this step is the next chunk's first
+        return max(waited, 0.0)

@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from hetrain.train.pace import PACE, SitOutPace
+from hetrain.train.pace import CHUNK as DEFAULT_CHUNK, PACE, SitOutPace
+
+CHUNK = 4  # the tests' chunk (waits every 4 steps sat out); the default is DEFAULT_CHUNK
 from hetrain.train.set_times import SetTimes
 
 
@@ -26,9 +28,9 @@ class FakeClock:
         self.now += s
 
 
-def make(times: SetTimes, n: int = 3):
+def make(times: SetTimes, n: int = 3, chunk: int = 4):
     clock = FakeClock()
-    return SitOutPace(times.time, lambda: times.version, n, clock=clock, sleep=clock.sleep), clock
+    return SitOutPace(times.time, lambda: times.version, n, clock=clock, sleep=clock.sleep, chunk=chunk), clock
 
 
 def measured(step_s: float, members=(0,), n: int = 3) -> SetTimes:
@@ -39,28 +41,39 @@ def measured(step_s: float, members=(0,), n: int = 3) -> SetTimes:
     return times
 
 
-def test_a_worker_out_waits_half_the_trainers_step_since_its_step_before():
+def test_a_worker_out_waits_once_every_chunk_for_half_the_trainers_step_per_step():
     pace, clock = make(measured(0.004))
-    assert pace.begin(True, [0], 11) == 0.0  # its first step: nothing to pace from
-    clock.now += 0.0003  # its own loop: 0.3 ms
-    waited = pace.begin(True, [0], 12)
-    assert waited == pytest.approx(PACE * 0.004 - 0.0003)
-    assert clock.sleeps == [pytest.approx(PACE * 0.004 - 0.0003)]
-    clock.now += 0.0001
-    pace.begin(True, [0], 13)  # start to start: PACE x the step again
-    assert clock.now == pytest.approx(100.0 + 2 * PACE * 0.004)
-    assert pace.slept == pytest.approx(sum(clock.sleeps))
+    for step in range(11, 11 + CHUNK):  # a chunk of steps sat out: no wait inside it
+        assert pace.begin(True, [0], step) == 0.0
+        clock.now += 0.0003  # its own loop: 0.3 ms a step
+    owed = CHUNK * PACE * 0.004 - CHUNK * 0.0003
+    assert pace.begin(True, [0], 11 + CHUNK) == pytest.approx(owed)  # the next step waits for all of them
+    assert clock.sleeps == [pytest.approx(owed)]
+    assert clock.now == pytest.approx(100.0 + CHUNK * PACE * 0.004)  # start to start: PACE x their step each
+    for step in range(12 + CHUNK, 11 + 2 * CHUNK):
+        clock.now += 0.0003
+        assert pace.begin(True, [0], step) == 0.0
+    clock.now += 0.0003
+    pace.begin(True, [0], 11 + 2 * CHUNK)
+    assert clock.now == pytest.approx(100.0 + 2 * CHUNK * PACE * 0.004)
+    assert len(clock.sleeps) == 2 and pace.slept == pytest.approx(sum(clock.sleeps))
 
 
 def test_no_wait_where_it_trains_where_the_set_is_unmeasured_or_its_loop_is_slower():
     pace, clock = make(measured(0.004))
-    pace.begin(False, [0, 1], 11)
-    clock.now += 0.0001
-    assert pace.begin(False, [0, 1], 12) == 0.0  # it trains (or times copies): never held
-    clock.now += 0.0001
-    assert pace.begin(True, [0, 2], 13) == 0.0  # the set {0, 2} never measured: no pace to keep
-    clock.now += 0.003  # its loop took longer than half their step
-    assert pace.begin(True, [0], 14) == 0.0
+    for step in range(11, 11 + 3 * CHUNK):
+        clock.now += 0.0001
+        assert pace.begin(False, [0, 1], step) == 0.0  # it trains (or times copies): never held
+    for step in range(20, 20 + 3 * CHUNK):
+        clock.now += 0.0001
+        assert pace.begin(True, [0, 2], step) == 0.0  # the set {0, 2} never measured: no pace to keep
+    for step in range(40, 40 + 3 * CHUNK):
+        clock.now += 0.003  # its loop takes longer than half their step
+        assert pace.begin(True, [0], step) == 0.0
+    assert clock.sleeps == []
+    # a step it trains in starts the count again: a chunk is steps sat out in a row
+    for step in range(60, 60 + 2 * CHUNK):
+        assert pace.begin(step % CHUNK != 0, [0], step) == 0.0
     assert clock.sleeps == []
 
 
@@ -73,7 +86,7 @@ def test_the_pace_follows_the_agreed_record_and_is_looked_up_once_per_change():
         return times.time(mask, step)
 
     clock = FakeClock()
-    pace = SitOutPace(set_time, lambda: times.version, 3, clock=clock, sleep=clock.sleep)
+    pace = SitOutPace(set_time, lambda: times.version, 3, clock=clock, sleep=clock.sleep, chunk=1)
     for step in range(11, 20):
         pace.begin(True, [0], step)
     assert calls == [[0]]  # nine steps, one lookup
@@ -83,6 +96,16 @@ def test_the_pace_follows_the_agreed_record_and_is_looked_up_once_per_change():
     assert clock.sleeps[-1] == pytest.approx(PACE * times.time(np.array([True, False, False]), 21))
     times.forget(np.array([True, False, False]))  # a probe measures worker 0 afresh: no pace until measured
     before = len(clock.sleeps)
-    clock.now += 0.0001
-    assert pace.begin(True, [0], 22) == 0.0 and len(clock.sleeps) == before
-    assert math.isnan(pace.period([0], 22))
+    for step in range(22, 26):
+        clock.now += 0.0001
+        assert pace.begin(True, [0], step) == 0.0
+    assert len(clock.sleeps) == before and math.isnan(pace.period([0], 26))
+
+
+def test_by_default_the_wait_comes_every_default_chunk_of_steps_sat_out():
+    pace, clock = make(measured(0.004), chunk=DEFAULT_CHUNK)
+    for step in range(11, 12 + 3 * DEFAULT_CHUNK):
+        pace.begin(True, [0], step)
+        clock.now += 0.0003
+    assert len(clock.sleeps) == 3
+    assert clock.now == pytest.approx(100.0 + 3 * DEFAULT_CHUNK * PACE * 0.004 + 0.0003)
