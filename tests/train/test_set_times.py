@@ -10,6 +10,8 @@ from hetrain.train.balance import BalanceConfig, Balancer
 from hetrain.train.exchange import InProcessExchange
 from hetrain.train.set_times import FRESH, MAX_WORKERS, SetTimes, key_members, set_key
 
+from .lockstep import drive
+
 BOTH, FIRST, SECOND = np.array([True, True]), np.array([True, False]), np.array([False, True])
 
 
@@ -70,25 +72,8 @@ def _run(hidden: float, steps: int = 120, probe_every: int = 8) -> list[list[int
     ex = InProcessExchange(2)
     bal = [Balancer(None, 100, BalanceConfig(every=1, probe_every=probe_every), gather=ex.gather_for(r),
                     num_workers=2) for r in range(2)]
-    shares = []
-    for step in range(steps):
-        plans = [b.step_plan() for b in bal]
-        sizes = plans[0].sizes
-        assert sizes.tolist() == plans[1].sizes.tolist() and bal[0].probing == bal[1].probing
-        members = sizes > 0
-        stall = np.array([0.0, 0.3 if step < 30 else 0.0])
-        compute = np.where(members, 1e-3 * sizes + stall, 0.0)
-        both = bool(members.all())
-        period = compute.max() + (0.010 + hidden if both else 0.0) + 1e-3
-        for r, b in enumerate(bal):
-            if members[r]:
-                b.record(int(sizes[r]), float(compute[r]))
-                b.record_period(members, float(period), counted=not b.probing)
-                if both and step > 0:
-                    b.record_exchange(0.010)
-            b.update()
-        shares.append(sizes.tolist())
-    return shares
+    stall = lambda step: np.array([0.0, 0.3 if step < 30 else 0.0])  # noqa: E731
+    return drive(bal, steps, lambda step, sizes: 1e-3 * sizes + stall(step), lambda both: hidden)
 
 
 def _stints(shares: list[list[int]]) -> list[tuple[int, int]]:

@@ -7,6 +7,8 @@ from hetrain.train.balance import BalanceConfig, Balancer
 from hetrain.train.exchange import InProcessExchange
 from hetrain.train.trial import SubsetTrial
 
+from .lockstep import drive
+
 PAIR, FIRST, SECOND = np.array([True, True]), np.array([True, False]), np.array([False, True])
 
 
@@ -56,24 +58,7 @@ def _run(probe_every: int, steps: int = 240) -> list[list[int]]:
     ex = InProcessExchange(2)
     bal = [Balancer(None, 100, BalanceConfig(every=1, probe_every=probe_every), gather=ex.gather_for(r),
                     num_workers=2) for r in range(2)]
-    shares = []
-    for step in range(steps):
-        plans = [b.step_plan() for b in bal]
-        sizes = plans[0].sizes
-        assert sizes.tolist() == plans[1].sizes.tolist() and bal[0].probing == bal[1].probing
-        members = sizes > 0
-        both = bool(members.all())
-        compute = np.where(members, (2.5e-3 if both else 1e-3) * sizes, 0.0)
-        period = compute.max() + (0.010 if both else 0.0) + 1e-3
-        for r, b in enumerate(bal):
-            if members[r]:
-                b.record(int(sizes[r]), float(compute[r]))
-                b.record_period(members, float(period), counted=not b.probing)
-                if both and step > 0:
-                    b.record_exchange(0.010)
-            b.update()
-        shares.append(sizes.tolist())
-    return shares
+    return drive(bal, steps, lambda step, sizes: (2.5e-3 if (sizes > 0).all() else 1e-3) * sizes)
 
 
 def test_a_pair_slowed_by_sharing_cores_gives_way_to_one_worker_that_runs_faster_alone():
