@@ -36,7 +36,7 @@ def test_readme_opens_with_two_setup_commands_and_ci_runs_the_second():
     demo, tests = _readme_setup_commands()
     assert demo == "pip install torch==2.13.0 -e . && hetrain demo"
     # two pytest workers, a file's tests on one (the suite is bound by process start-up)
-    assert tests == "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q -n 2 --dist loadfile"
+    assert tests == "pip install torch==2.13.0 -e '.[test]' && python -m pytest -q -n 2 --dist loadgroup"
     ci = (ROOT / ".ci" / "run").read_text()
     # .ci/run extracts the command from the README; check its extraction gives the same
     script = ci[ci.index("test_cmd=") + len("test_cmd="): ci.index("\ncase ")]

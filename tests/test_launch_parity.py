@@ -68,10 +68,12 @@ def test_the_ddp_example_runs_unchanged_under_hetrain_launch(tmp_path):
         _same(res, reference[0], ("accuracy", "loss"))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_two_node_launch_runs_the_ddp_example(tmp_path):
     """Two launchers on this host, `--nnodes 2 --node_rank 0|1` with torchrun's flags:
-    four ranks that train the model plain torchrun trains on four processes."""
+    four ranks that train the model plain torchrun trains on four processes. (`long`: the
+    default run keeps the one-node DDP launch above and the two-node launch of
+    tests/test_multinode.py, which this repeats for a third-party script.)"""
     reference = _results(_run([*TORCHRUN, "--standalone", "--nproc_per_node", "4", *DDP], tmp_path), reference=4)
     for i in range(1):  # one launch: the one-node test repeats the launch itself
         port = free_port()

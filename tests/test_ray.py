@@ -13,6 +13,9 @@ import yaml
 from tests.helpers import pythonpath, repo_env
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hetrain[ray]')")
+# one pytest worker runs every test here: they share the module's local Ray cluster, and
+# two clusters started at once on one host would contend for its ports (README: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ray")
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
