@@ -21,7 +21,8 @@ a worker sitting out used about 170 us a step sleeping every step, 80 without pa
 120 waiting every 4 steps), but on shared cores even 4 steps at once cost the trainer
 more than that CPU: five alternating dry runs gave `mixed_over_best_subset` 0.968-0.995
 (mean 0.980) waiting every step, 0.915-1.011 (mean 0.966) every 4. Where the set was not
-measured yet, or its own loop is slower than that anyway, it does not wait.
+measured yet, where half their step is under `MIN_WAIT`, or where its own loop is slower
+than that anyway, it does not wait.
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ import numpy as np
 # their pace, so the worker stays ahead of them while its work spreads over their steps
 PACE = 0.5
 CHUNK = 1  # steps sat out between two waits (each wait for all of them)
+# no pace where half the trainers' step is shorter than this: a wait's own CPU (80-90 us)
+# would be a fifth of it or more (`bench/loop_overhead.py`, steps of 0.5 ms: the trainer
+# alone by speed went from 0.65 to 0.60 of the plain loop paced)
+MIN_WAIT = 1e-3
 
 
 class SitOutPace:
@@ -71,7 +76,7 @@ class SitOutPace:
         first of them started. Returns the seconds waited."""
         now = self.clock()
         period = self.period(members, step) if out and members else math.nan
-        if not (math.isfinite(period) and period > 0):  # it trains, or no pace to keep
+        if not (math.isfinite(period) and self.pace * period >= MIN_WAIT):  # it trains, or no pace worth keeping
             self._since = None
             return 0.0
         if self._since is None:

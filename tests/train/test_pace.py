@@ -70,6 +70,11 @@ def test_no_wait_where_it_trains_where_the_set_is_unmeasured_or_its_loop_is_slow
     for step in range(40, 40 + 3 * CHUNK):
         clock.now += 0.003  # its loop takes longer than half their step
         assert pace.begin(True, [0], step) == 0.0
+    short, short_clock = make(measured(0.0015))  # half their step under MIN_WAIT: a wait costs more than it spreads
+    for step in range(11, 11 + 3 * CHUNK):
+        short_clock.now += 0.0001
+        assert short.begin(True, [0], step) == 0.0
+    assert short_clock.sleeps == []
     assert clock.sleeps == []
     # a step it trains in starts the count again: a chunk is steps sat out in a row
     for step in range(60, 60 + 2 * CHUNK):
