@@ -16,8 +16,6 @@ from hetrain.comm.shm.segment import Segment, SegmentAuthError
 from hetrain.runtime.shmnames import SHM_DIR, job_segments, remove_job_segments
 from tests import shm_p2p_procs as procs
 
-pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")
-
 
 def _run(target, job: str, timeout: float = 120) -> list:
     ctx = mp.get_context("spawn")
