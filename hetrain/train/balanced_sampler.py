@@ -151,8 +151,7 @@ class BalancedBatchSampler(DataPosition, torch.utils.data.Sampler):
         self.steps = StepRecords(self.clock, lambda samples, seconds: self.balancer.record(samples, seconds))
         self._hook_end: tuple | None = None
         self.periods = SetPeriods(self.balancer.n, self.balancer.record_period)
-        times = self.balancer.set_times  # a worker sitting out keeps to half the trainers' pace (train/pace.py)
-        self.pace = SitOutPace(times.time, lambda: times.version, self.balancer.n)
+        self.pace = SitOutPace(self.balancer.set_times)  # a worker sitting out keeps to the trainers' pace
         # the batch handed out last is a probe's copies of samples others train on, this
         # worker out of the exchange and its gradients dropped (`Balancer.step_plan`)
         self.copies = False

@@ -32,6 +32,8 @@ from typing import Callable
 
 import numpy as np
 
+from .set_times import SetTimes
+
 # a step sat out starts at most once per this fraction of the training set's step: 2x
 # their pace, so the worker stays ahead of them while its work spreads over their steps
 PACE = 0.5
@@ -43,17 +45,13 @@ MIN_WAIT = 1e-3
 
 
 class SitOutPace:
-    """When a step this worker sits out may start (`begin`, at every step's start).
+    """When a step this worker sits out may start (`begin`, at every step's start), from
+    the agreed record of the sets' measured steps (`SetTimes`: a set's time is looked up
+    once per change of the record, `SetTimes.version`, not per step)."""
 
-    `set_time(mask, step)` is the measured step seconds of the set of workers `mask`
-    (NaN where not measured: `SetTimes.time`); `version()` changes whenever those times
-    may have (`SetTimes.version`), so a set's time is looked up once per exchange, not
-    per step."""
-
-    def __init__(self, set_time: Callable[[np.ndarray, int], float], version: Callable[[], int], workers: int,
-                 pace: float = PACE, chunk: int = CHUNK, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.set_time, self.version, self.n, self.pace, self.chunk = set_time, version, workers, pace, chunk
+    def __init__(self, times: SetTimes, pace: float = PACE, chunk: int = CHUNK,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+        self.times, self.pace, self.chunk = times, pace, chunk
         self.clock, self.sleep = clock, sleep
         self.slept = 0.0  # seconds this worker waited in all (it sat out then: no step of its is slower)
         self._since: float | None = None  # the start of the first step sat out since the last wait
@@ -62,11 +60,11 @@ class SitOutPace:
 
     def period(self, members, step: int) -> float:
         """The measured step seconds of the workers `members` (indices); NaN where not measured."""
-        ranks, version = tuple(members), self.version()
+        ranks, version = tuple(members), self.times.version
         if self._period is None or self._period[:2] != (ranks, version):
-            mask = np.zeros(self.n, dtype=bool)
+            mask = np.zeros(self.times.n, dtype=bool)
             mask[list(ranks)] = True
-            self._period = (ranks, version, float(self.set_time(mask, step)))
+            self._period = (ranks, version, float(self.times.time(mask, step)))
         return self._period[2]
 
     def begin(self, out: bool, members, step: int) -> float:

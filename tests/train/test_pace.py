@@ -28,9 +28,9 @@ class FakeClock:
         self.now += s
 
 
-def make(times: SetTimes, n: int = 3, chunk: int = 4):
+def make(times: SetTimes, chunk: int = 4):
     clock = FakeClock()
-    return SitOutPace(times.time, lambda: times.version, n, clock=clock, sleep=clock.sleep, chunk=chunk), clock
+    return SitOutPace(times, clock=clock, sleep=clock.sleep, chunk=chunk), clock
 
 
 def measured(step_s: float, members=(0,), n: int = 3) -> SetTimes:
@@ -85,13 +85,15 @@ def test_no_wait_where_it_trains_where_the_set_is_unmeasured_or_its_loop_is_slow
 def test_the_pace_follows_the_agreed_record_and_is_looked_up_once_per_change():
     times = measured(0.004)
     calls = []
+    time_of = times.time
 
     def set_time(mask, step):
         calls.append(np.flatnonzero(mask).tolist())
-        return times.time(mask, step)
+        return time_of(mask, step)
 
+    times.time = set_time  # counts the lookups
     clock = FakeClock()
-    pace = SitOutPace(set_time, lambda: times.version, 3, clock=clock, sleep=clock.sleep, chunk=1)
+    pace = SitOutPace(times, clock=clock, sleep=clock.sleep, chunk=1)
     for step in range(11, 20):
         pace.begin(True, [0], step)
     assert calls == [[0]]  # nine steps, one lookup
