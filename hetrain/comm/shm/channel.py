@@ -41,12 +41,10 @@ from ..p2p import host_only
 from .mailbox import Ring, attach, memcopy
 from .waits import CHECK_S, ShmPeerError, gone
 
-# the pump's longest sleep while receives wait for a message to start: each message
-# waits up to this long after it is written (a server's receives are posted a step
-# ahead); 0.2 ms costs a few percent of a core in wake-ups while receives are posted
-NAP_MAX = 2e-4
-# ... and while a message streams through a ring (the peer frees or fills a slot in the
-# time of one chunk's copy: a longer nap would leave the ring idle)
+# the longest nap while a message streams through a ring: the peer frees or fills a slot
+# in the time of one chunk's copy and rings no bell for it, so a longer nap would leave
+# the ring idle. A message's start rings the receiver's doorbell (doorbell.py), so
+# nothing naps while it waits for one: the receiving thread and waiters sleep until woken.
 NAP_STREAM = 5e-5
 # a waiter first polls, yielding the core between looks, for this long: a sleep of any
 # length lasts 50 us or more (the kernel's timer slack), a round trip of a small message
@@ -84,8 +82,10 @@ class ShmWork:
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done, moving this channel's messages in the waiting thread too
-        where its pump thread is not at it (no hand-over to wait for); a lost peer raises
-        ShmPeerError naming it (within CHECK_S)."""
+        where its pump thread is not at it (no hand-over to wait for) while they stream;
+        a message that has not started is the pump's to move when the doorbell rings, so
+        the waiter sleeps until the work is done. A lost peer raises ShmPeerError naming
+        it (within CHECK_S)."""
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         start = time.monotonic()
         check_at, nap = start + CHECK_S, 0.0
@@ -93,15 +93,14 @@ class ShmWork:
             if self.chan.help(self.sending):
                 nap = 0.0
                 continue
-            now = time.monotonic()
-            if now - start < YIELD_S:  # a peer on another core is usually there already
+            if time.monotonic() - start < YIELD_S:  # a peer on another core is usually there already
                 time.sleep(0)
                 continue
-            cap = NAP_STREAM if self.chan.streaming(self.sending) else NAP_MAX
-            nap = min(cap, max(1e-5, nap * 2))
+            streaming = self.chan.streaming(self.sending)
+            nap = min(NAP_STREAM, max(1e-5, nap * 2)) if streaming else CHECK_S
             if self.done.wait(nap):
                 break
-            if now >= check_at:
+            if time.monotonic() >= check_at:
                 self.chan.check(self, limit)
                 check_at = time.monotonic() + CHECK_S
         if self.error is not None:
@@ -118,6 +117,7 @@ class ShmChannel:
         self.pump, self.peer = pump, peer
         self.inbox: Ring = pump.mailbox.rings[peer]
         self.out: Ring | None = None  # the peer's ring for us, once its mailbox exists
+        self.out_bell = None  # ... and its doorbell
         self.out_pid = 0
         self.next_attach = 0.0
         self.sends: deque[ShmWork] = deque()
@@ -210,19 +210,24 @@ class ShmChannel:
         return self.current is not None or self.n_posted > 0
 
     def pump_out(self) -> bool:
-        """Write pending sends into the peer's ring while it has room; whether any moved."""
+        """Write pending sends into the peer's ring while it has room, ringing its doorbell
+        once a message has started (after the chunk: a woken reader finds it); whether any
+        moved."""
         if not self.sends or not self._attached():
             return False
-        ring, moved = self.out, False
+        ring, moved, started = self.out, False, False
         while self.sends and ring.space():
             w = self.sends[0]
             n = min(ring.slot_bytes, w.view.numel() - w.got)
+            started |= w.got == 0
             ring.put(w.tag, w.view.numel(), w.got, w.view[w.got:w.got + n])
             w.got += n
             moved = True
             if w.got >= w.view.numel():
                 self.sends.popleft()
                 w.finish()
+        if started:
+            self.out_bell.set()
         return moved
 
     def pump_in(self) -> bool:
@@ -297,7 +302,7 @@ class ShmChannel:
             return False
         if found is None:
             return False
-        seg, self.out = found
+        seg, self.out, self.out_bell = found
         self.out_pid = seg.pid
         p.keep.append(seg)
         return True

@@ -19,7 +19,9 @@ Layout of the data area (after the segment's header, segment.py):
 
 The mailbox is created by its owner, which unlinks the name once every sender has
 attached (each writes its pid into its ring), like the host group's segments; the
-launcher removes what a killed process left (runtime/shmnames.py).
+launcher removes what a killed process left (runtime/shmnames.py). Beside it lies its
+doorbell (doorbell.py), which a sender rings when it starts a message, so an idle owner
+sleeps instead of looking at its rings.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import torch
 
 from ...errors import UserError
 from ...runtime.shmnames import SHM_DIR, segment_name
+from .doorbell import Doorbell, bell_path
 from .segment import HEADER, MAGIC, Segment
 
 DIRECTORY = 4096
@@ -115,8 +118,8 @@ class Ring:
 
 
 class Mailbox:
-    """This process's mailbox: a ring per rank in `senders` (created here, unlinked once
-    every sender has attached: `tidy`)."""
+    """This process's mailbox: a ring per rank in `senders` and its doorbell (`bell`),
+    created here, unlinked once every sender has attached (`tidy`)."""
 
     def __init__(self, job_id: str, secret: str, key: str, rank: int, senders: Sequence[int],
                  slots: int = SLOTS, slot_bytes: int = SLOT_BYTES):
@@ -126,8 +129,13 @@ class Mailbox:
             raise UserError(f"a shared-memory mailbox takes at most {DIRECTORY // 8 - 3} senders, "
                             f"got {len(self.senders)}")
         size = ring_bytes(slots, slot_bytes)
-        self.segment = Segment.create(mailbox_name(job_id, secret, key, rank), secret,
-                                      DIRECTORY + len(self.senders) * size)
+        name = mailbox_name(job_id, secret, key, rank)
+        self.bell = Doorbell.create(bell_path(SHM_DIR / name))  # first: a complete mailbox has its bell
+        try:
+            self.segment = Segment.create(name, secret, DIRECTORY + len(self.senders) * size)
+        except BaseException:
+            self.bell.close()
+            raise
         d = np.frombuffer(self.segment.mm, dtype=np.int64, count=3 + len(self.senders), offset=HEADER)
         d[1], d[2] = slots, slot_bytes
         d[3:] = self.senders
@@ -135,10 +143,16 @@ class Mailbox:
         self.rings = {s: Ring(self.segment, DIRECTORY + i * size, slots, slot_bytes)
                       for i, s in enumerate(self.senders)}
 
+    def close(self) -> None:
+        """Unmap and unlink (a process that made a mailbox it no longer uses)."""
+        self.segment.close()
+        self.bell.close()
+
     def tidy(self) -> bool:
         """Unlink the name once every sender has attached; whether it is gone."""
         if self.segment.linked and all(r.sender_pid for r in self.rings.values()):
             self.segment.unlink()
+            self.bell.unlink()
         return not self.segment.linked
 
 
@@ -157,9 +171,9 @@ def _complete(path) -> bool:
     return head == MAGIC and len(count) == 8 and int.from_bytes(count, "little") > 0
 
 
-def attach(job_id: str, secret: str, key: str, owner: int, sender: int) -> tuple[Segment, Ring] | None:
+def attach(job_id: str, secret: str, key: str, owner: int, sender: int) -> tuple[Segment, Ring, Doorbell] | None:
     """Map rank `owner`'s mailbox and return its ring for `sender` (this process, whose
-    pid is written there); None while the owner has not made it yet. A mailbox without
+    pid is written there) and its doorbell; None while the owner has not made it yet. A mailbox without
     this job's token raises SegmentAuthError (segment.py); one without a ring for
     `sender` is a UserError."""
     name = mailbox_name(job_id, secret, key, owner)
@@ -173,5 +187,6 @@ def attach(job_id: str, secret: str, key: str, owner: int, sender: int) -> tuple
         raise UserError(f"rank {owner}'s shared-memory mailbox has no ring for rank {sender} (it takes messages "
                         f"from {ranks}): the two processes disagree on which peers share their host")
     ring = Ring(seg, DIRECTORY + ranks.index(sender) * ring_bytes(slots, slot_bytes), slots, slot_bytes)
+    bell = Doorbell.attach(bell_path(SHM_DIR / name))  # before the pid: the owner unlinks it once all pids are in
     ring.ctl[PID] = os.getpid()
-    return seg, ring
+    return seg, ring, bell

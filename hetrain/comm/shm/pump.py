@@ -8,7 +8,7 @@ import atexit
 import threading
 from collections.abc import Callable, Sequence
 
-from .channel import NAP_MAX, NAP_STREAM, ShmChannel
+from .channel import ATTACH_EVERY, NAP_STREAM, ShmChannel
 from .mailbox import Mailbox
 from .waits import CHECK_S
 
@@ -30,7 +30,12 @@ class Pump:
         self.slot_bytes = self.mailbox.slot_bytes
         self.keep: list = []  # the peers' mailboxes mapped here (kept for the process's life)
         self.channels = {p: ShmChannel(self, p) for p in self.mailbox.senders}
-        self.lanes = (_Lane(self, sending=False), _Lane(self, sending=True))
+        # the receiving thread sleeps on the mailbox's doorbell, which senders ring when a
+        # message starts (doorbell.py), looking unrung only every CHECK_S; the sending
+        # thread on an event rung by posts here, looking every ATTACH_EVERY while sends
+        # wait for a peer's mailbox to appear (nothing rings then)
+        self.lanes = (_Lane(self, False, self.mailbox.bell, idle_s=CHECK_S),
+                      _Lane(self, True, threading.Event(), idle_s=ATTACH_EVERY))
         atexit.register(self.close)
 
     def close(self, wait_s: float = 1.0) -> None:
@@ -44,6 +49,7 @@ class Pump:
         for lane in self.lanes:
             lane.thread.join(wait_s)
         self.mailbox.segment.unlink()
+        self.mailbox.bell.unlink()
 
     def wake(self, sending: bool) -> None:
         self.lanes[sending].bell.set()
@@ -54,25 +60,30 @@ class Pump:
 
 class _Lane:
     """One of a pump's threads: the sends of every channel, or the receives, each
-    channel's under that direction's lock."""
+    channel's under that direction's lock. `bell` (an event, or the mailbox's doorbell)
+    is rung when there is something to move; while works wait and nothing streams, the
+    thread also looks every `idle_s` unrung."""
 
-    def __init__(self, pump: Pump, sending: bool):
+    def __init__(self, pump: Pump, sending: bool, bell, idle_s: float):
         self.pump, self.sending = pump, sending
-        self.bell = threading.Event()  # rung when a work is posted
+        self.bell, self.idle_s = bell, idle_s
         self.stop = False
+        self.looks = 0  # times the thread looked at its channels (how often it woke)
         name = "hetrain-shm-send" if sending else "hetrain-shm-recv"
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        """Move what can move, sleep a little when nothing could (a growing nap while
-        anything is outstanding, until the next post when nothing is). A daemon thread:
-        a process that leaves mid-step does not wait for it. The receiving lane also
+        """Move what can move, sleep when nothing could: a growing nap up to NAP_STREAM
+        while a message streams (the peer frees or fills a slot in the time of a chunk's
+        copy, and rings nothing), else until the bell (or `idle_s` while works wait). A
+        daemon thread: a process that leaves mid-step does not wait for it. The receiving lane also
         unlinks the mailbox's name once every sender has attached."""
         sending, box = self.sending, self.pump.mailbox
         nap, chans = 0.0, list(self.pump.channels.values())
         while not self.stop:
             self.bell.clear()  # before looking: a post from here on rings again
+            self.looks += 1
             moved = False
             for ch in chans:
                 with ch.locks[sending]:
@@ -84,10 +95,11 @@ class _Lane:
             if moved:
                 nap = 0.0
                 continue
-            if any(ch.outstanding(sending) for ch in chans):
-                cap = NAP_STREAM if any(ch.streaming(sending) for ch in chans) else NAP_MAX
-                nap = min(cap, max(1e-5, nap * 2))
+            if any(ch.streaming(sending) for ch in chans):
+                nap = min(NAP_STREAM, max(1e-5, nap * 2))
                 timeout: float | None = nap
+            elif any(ch.outstanding(sending) for ch in chans):
+                timeout = self.idle_s
             else:
                 timeout = None if tidy else CHECK_S
             if self.bell.wait(timeout):
