@@ -50,7 +50,7 @@ def _pair(rank: int, link: str, job: str, port: int, idle: float, repeats: int, 
 
     torch.set_num_threads(1)
     send, recv = _channel(link, rank, job, port)
-    x = torch.zeros(1024)
+    x = torch.zeros(512, dtype=torch.float64)  # float64: the send's time stamp travels in x[0]
     for tag in (1, 2):  # both ends attached and warm
         (send if rank == tag - 1 else recv)(x, tag).wait()
     rows = []

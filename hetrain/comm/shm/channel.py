@@ -15,6 +15,9 @@ the other reads this process's rings into the posted receive buffers, so a messa
 kernel crossing. Copies release the GIL (glibc's memcpy through ctypes: mailbox.py
 `memcopy`), so they overlap the caller's compute. A message that arrives before its receive is posted goes to a buffer of its
 own (kept while the ring behind it drains) and is copied over when the receive comes.
+A sender rings the receiver's doorbell (doorbell.py) when a message starts, so a process
+whose receives wait for a message that is slow to come (a server between steps) sleeps
+in the kernel rather than looking at its rings.
 
 Why not a server-leg special (workers writing partitions into slots the server sums
 from): the server sums a machine's pushes with a weighted matmul over one buffer of
