@@ -105,8 +105,9 @@ class Balancer(FitExchange, DeviceReports):
         self.micro = self.cfg.micro_batch or max(1, self.global_batch // (2 * self.n))
         self.strategy = "unequal" if self.cfg.strategy == "auto" else self.cfg.strategy  # until measured
         self.probe = Probe(self.cfg.probe_every, -(-self.cfg.recent // 2))  # when a worker sitting out trains
-        # when a set of several gives way to a subset never measured (train/trial.py)
-        self.trial = SubsetTrial(self.cfg.probe_every, 4 * self.cfg.window)
+        # when a set of several gives way to a subset never measured (train/trial.py): the
+        # first time after a window of its measured steps, off where probes are
+        self.trial = SubsetTrial(self.cfg.window if self.cfg.probe_every else 0, 4 * self.cfg.window)
         self.plan: StepPlan | None = None  # the full batch's current plan (none while the first is made)
         self.plan = self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes

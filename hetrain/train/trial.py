@@ -11,8 +11,9 @@ and a lone worker's step is predicted from a fit the set's contention slowed. On
 host, two one-thread workers and their summation servers were kept together at 6 ms a
 step for 200 steps where either alone ran 4 ms (`bench/hetero_real.py --cpu-dry-run`).
 
-So once a set of several workers has run measured for `every` steps (the probes' wait,
-`BalanceConfig.probe_every`), the fastest subset of it that was never measured (the k
+So once a set of several workers has run measured for `every` steps (the balancer's
+`window`: a trial costs a few steps, and a pair kept together wrongly costs a third or
+more of every step it runs), the fastest subset of it that was never measured (the k
 fastest workers alone: `fastest_sets`) is given the batch until it is measured too (its
 first report, `MEASURED_AFTER`, or `limit` steps); the measurements then decide between
 the two (`SetTimes.better`), and the fits of the subset's workers are its own. Each trial
