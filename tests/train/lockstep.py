@@ -10,13 +10,14 @@ EXCHANGE_S = 0.010  # what a step shared by every worker spends exchanging, as e
 
 
 def drive(bal: list, steps: int, compute: Callable[[int, np.ndarray], np.ndarray],
-          hidden: Callable[[bool], float] = lambda both: 0.0) -> list[list[int]]:
+          hidden: Callable[[bool], float] = lambda both: 0.0, leave: bool = False) -> list[list[int]]:
     """Run `steps` steps of the balancers `bal` (one per worker, sharing an
     `InProcessExchange`): every worker takes the agreed split (checked equal on all), a
     worker with samples records `compute(step, sizes)[rank]` seconds, the step's period
     (start to start: the slowest compute, `EXCHANGE_S` plus `hidden(both)` where every
     worker is in, 1 ms of loop) and, from the second step on, the exchange of a step
-    every worker shared. Returns the shares per step."""
+    every worker shared; with `leave`, a step one worker trained tells the balancers so,
+    as the sampler does where workers leave the exchange. Returns the shares per step."""
     shares = []
     for step in range(steps):
         plans = [b.step_plan() for b in bal]
@@ -33,6 +34,6 @@ def drive(bal: list, steps: int, compute: Callable[[int, np.ndarray], np.ndarray
                 b.record_period(members, float(period), counted=not b.probing)
                 if both and step > 0:
                     b.record_exchange(EXCHANGE_S)
-            b.update()
+            b.update(alone=leave and int(members.sum()) == 1)
         shares.append(sizes.tolist())
     return shares

@@ -71,3 +71,27 @@ def test_a_pair_slowed_by_sharing_cores_gives_way_to_one_worker_that_runs_faster
     alone = [k for k, s in enumerate(shares) if min(s) == 0]
     assert alone and alone[0] < 40, shares[:40]
     assert len([k for k in alone if k >= 60]) >= 0.8 * (len(shares) - 60), shares[60:]
+
+
+def test_a_trial_alone_reports_at_the_exchange_cadence_of_several_and_ends_within_a_few_steps():
+    """Two workers of one speed that do not slow each other: the pair is right, and the
+    trial of one worker alone loses. Alone, the balancer exchanges only every window (16
+    steps); on trial it exchanges as a pair does (every 2), so the trial is measured
+    and over within a few steps rather than a window or two of steps at the wrong split."""
+    ex = InProcessExchange(2)
+    bal = [Balancer(None, 100, BalanceConfig(probe_every=64), gather=ex.gather_for(r), num_workers=2)
+           for r in range(2)]
+    shares = drive(bal, 160, lambda step, sizes: 1e-3 * sizes, leave=True)
+    alone = [min(s) == 0 for s in shares]
+    runs, k = [], 0
+    while k < len(alone):
+        if alone[k]:
+            j = k
+            while j < len(alone) and alone[j]:
+                j += 1
+            runs.append(j - k)
+            k = j
+        else:
+            k += 1
+    assert runs, "no subset was ever tried"
+    assert max(runs) <= 8, runs
