@@ -35,6 +35,7 @@ import stat
 from pathlib import Path
 
 from ...errors import UserError
+from .segment import OwnedName
 
 SUFFIX = ".bell"
 
@@ -43,7 +44,7 @@ def bell_path(segment_path: Path) -> Path:
     return segment_path.with_name(segment_path.name + SUFFIX)
 
 
-class Doorbell:
+class Doorbell(OwnedName):
     """One end of a mailbox's FIFO, with a `threading.Event`'s `set`/`clear`/`wait`, so
     the pump's receiving thread waits on it as its sending thread waits on an event."""
 
@@ -100,14 +101,6 @@ class Doorbell:
     def wait(self, timeout: float | None) -> bool:
         """Sleep until rung or `timeout` seconds (None: until rung); whether it was rung."""
         return bool(select.select([self.fd], [], [], timeout)[0])
-
-    def unlink(self) -> None:
-        if self.owner and self.linked:
-            self.linked = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def close(self) -> None:
         self.unlink()

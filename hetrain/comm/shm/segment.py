@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,7 +40,27 @@ class SegmentAuthError(UserError):
     """A segment that does not carry this job's token (another job's, or a forgery)."""
 
 
-class Segment:
+class OwnedName:
+    """A name in /dev/shm that its creator (`owner`) unlinks once, when every process that
+    needs it has opened it (a segment, a mailbox's doorbell); `path` and `linked` set by
+    the subclass."""
+
+    path: Path
+    owner: bool
+    linked: bool
+
+    def unlink(self) -> None:
+        """Remove the name (the creator, once every member has opened it); what it names
+        stays until the last mapping or descriptor goes."""
+        if self.owner and self.linked:
+            self.linked = False
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+class Segment(OwnedName):
     """A mapped segment. `data` is the data area as bytes (a uint8 tensor); `counter(i)`
     and `set_counter(i, v)` read and publish control counters."""
 
@@ -117,16 +138,6 @@ class Segment:
         return self.data[:numel * dtype.itemsize].view(dtype)
 
     # ---- end -------------------------------------------------------------------------
-    def unlink(self) -> None:
-        """Remove the name (the creator, once every member has mapped it); the memory
-        stays until the last mapping goes."""
-        if self.owner and self.linked:
-            self.linked = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-
     def close(self) -> None:
         self.unlink()
         self.data = None
