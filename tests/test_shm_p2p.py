@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import stat
-import time
 import uuid
 
 import pytest
@@ -109,8 +108,9 @@ def test_a_strided_tensor_is_refused_when_posted():
 
 def test_an_idle_receiver_sleeps_until_a_message_rings_its_doorbell():
     """A receive posted long before its message: the pump's receiving thread sleeps
-    instead of looking at its rings (a handful of looks in 0.6 s, where polling would
-    make thousands), and the message's first chunk wakes it."""
+    instead of looking at its rings (a handful of looks while the receive waits 0.6 s
+    for nothing, where polling would make thousands), and the message's first chunk
+    wakes it."""
     from hetrain.comm.shm.pump import Pump
 
     job = f"p2p-{uuid.uuid4().hex[:8]}"
@@ -119,11 +119,10 @@ def test_an_idle_receiver_sleeps_until_a_message_rings_its_doorbell():
         found = attach(job, procs.SECRET, "t", 0, 1)  # this test plays rank 1, writing by hand
         seg, ring, bell = found
         buf = torch.zeros(10)
-        work = pump.channels[1].irecv(buf, 7)
         lane = pump.lanes[0]
-        time.sleep(0.1)
         before = lane.looks
-        time.sleep(0.6)
+        work = pump.channels[1].irecv(buf, 7)  # rings this process's own bell: one look
+        assert not work.done.wait(0.6), "a receive completed with nothing sent"
         idle_looks = lane.looks - before
         msg = torch.arange(10, dtype=torch.float32)
         ring.put(7, msg.numel() * 4, 0, msg.view(torch.uint8))

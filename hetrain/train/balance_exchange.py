@@ -116,9 +116,10 @@ class FitExchange:
         not the step after it began: no worker waits on it (on a loaded 2-core host each
         wait took milliseconds, bench/loop_overhead.py). A change of the lone worker's
         speed reaches the shares up to two `window`s later. Not while a subset is on trial
-        (train/trial.py, agreed like the split): its first report ends the trial, and at
-        `window` steps a report a trial alone would run a window or two of steps at a speed
-        the fits did not choose (a 48-step run then measured nothing but the trial)."""
+        (train/trial.py, agreed like the split): its first report ends the trial, so a trial
+        of one worker reporting every `window` steps would run a window or two of steps at a
+        split the fits did not choose (`bench/plan.py --whole-job`'s 48-step runs then
+        measured little but trials)."""
         every = self.exchange_every
         return max(every, self.cfg.window) if alone and self.trial.active is None else every
 

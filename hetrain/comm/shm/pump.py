@@ -77,8 +77,8 @@ class _Lane:
         """Move what can move, sleep when nothing could: a growing nap up to NAP_STREAM
         while a message streams (the peer frees or fills a slot in the time of a chunk's
         copy, and rings nothing), else until the bell (or `idle_s` while works wait). A
-        daemon thread: a process that leaves mid-step does not wait for it. The receiving lane also
-        unlinks the mailbox's name once every sender has attached."""
+        daemon thread: a process that leaves mid-step does not wait for it. The receiving
+        lane also unlinks the mailbox's name once every sender has attached."""
         sending, box = self.sending, self.pump.mailbox
         nap, chans = 0.0, list(self.pump.channels.values())
         while not self.stop:
