@@ -267,7 +267,7 @@ def _phase(a, loader, model, opt, batch: int, barrier) -> dict:
     warm-up from the wall clock between two barriers of the workers (at the end of the
     warm-up, and after the last step's exchange: this worker may sit out and run ahead of
     the ones that train by up to two of the balancer's exchanges, which come only every
-    `window` steps while one worker trains alone), the shares, compute spreads, fits and
+    16-64 steps while one worker trains alone), the shares, compute spreads, fits and
     where a step goes."""
     import torch.nn.functional as F
 

@@ -95,6 +95,7 @@ class Balancer(FitExchange, DeviceReports):
         self.rows: np.ndarray | None = None  # the extra numbers of the last exchange applied
         self.rows_step = 0  # the update (1-based step) those numbers belong to
         self._pending = None  # (wait, step) of the exchange in flight (overlap_exchange)
+        self._alone_every = self.cfg.window  # steps between exchanges while one trains alone (_alone_cadence)
         # carry(row) -> Cargo | None: the rows ride the optimizer's next all-reduce instead
         # of a gather of their own (comm/cargo.py; set by the loader, on the job's workers)
         self.carry: Callable | None = None

@@ -6,6 +6,7 @@ them: riding the optimizer's all-reduce, else an all-gather of their own). With
 `balance.Balancer`, which plans the shares (`plan_for`) from what is applied here."""
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Callable
 
@@ -22,6 +23,15 @@ ROW = 7
 # completing gloo's all-gather took several milliseconds of the trainer's time on a loaded
 # 2-core host, bench/loop_overhead.py) is a small part of any step
 SOLO_EVERY = 64
+
+# while one worker trains alone by speed, its exchanges come at most once per this many
+# seconds of its predicted steps (in whole windows, doubled, up to SOLO_EVERY steps). An
+# exchange costs every process a gather and a re-plan, the same whatever the step: at
+# one a window, a job of 2 ms steps paid it every 32 ms, where a capped job pays its
+# metrics-only one every 64 steps (docs/hps.md: the dry run of bench/hetero_real.py
+# before and after). A lone worker's fit needs no more than a change of its speed
+# reaching the shares within a fraction of a second.
+ALONE_EXCHANGE_S = 0.1
 
 
 class FitExchange:
@@ -78,6 +88,8 @@ class FitExchange:
             self.rows = None
         if wait is not None:
             self._receive(wait, step)
+        # every worker has applied the same rows here, whether prefetched or not
+        self._alone_every = self._alone_cadence()
         self.history.append(self.sizes.copy())
         return self.sizes
 
@@ -104,24 +116,37 @@ class FitExchange:
         return max(self.cfg.every, self.cfg.window) if self.cfg.policy == "equal" else self.cfg.every
 
     def _every(self, alone: bool) -> int:
-        """Steps between exchanges at the end of a step: `exchange_every`, or at least
-        `window` after a step that one worker trained alone (`alone`: the step's agreed
-        split gave every sample to one worker, which every worker knows alike, so all
-        decide the same at the same step). While the others sit out, their fits stand
-        still (a probe, which trains them, is a step of several workers again), so an
-        exchange would carry the one worker's fit, whose level follows `recent` steps
-        anyway: a worker sitting out otherwise paid a collective of its own every `every`
-        steps with the one training, and that one waited on it. The exchange in flight
-        then completes at the next exchange (or after the next step of several workers),
-        not the step after it began: no worker waits on it (on a loaded 2-core host each
-        wait took milliseconds, bench/loop_overhead.py). A change of the lone worker's
-        speed reaches the shares up to two `window`s later. Not while a subset is on trial
-        (train/trial.py, agreed like the split): its first report ends the trial, so a trial
-        of one worker reporting every `window` steps would run a window or two of steps at a
-        split the fits did not choose (`bench/plan.py --whole-job`'s 48-step runs then
-        measured little but trials)."""
+        """Steps between exchanges at the end of a step: `exchange_every`, or, after a step
+        that one worker trained alone (`alone`: the step's agreed split gave every sample
+        to one worker, which every worker knows alike, so all decide the same at the same
+        step), the cadence `_alone_cadence` set at the last exchange. While the others sit
+        out, their fits stand still (a probe, which trains them, is a step of several
+        workers again), so an exchange would carry the one worker's fit, whose level
+        follows `recent` steps anyway: a worker sitting out otherwise paid a collective of
+        its own every `every` steps with the one training, and that one waited on it. The
+        exchange in flight then completes at the next exchange (or after the next step of
+        several workers), not the step after it began: no worker waits on it (on a loaded
+        2-core host each wait took milliseconds, bench/loop_overhead.py). Not while a
+        subset is on trial (train/trial.py, agreed like the split): its first report ends
+        the trial, so a trial of one worker reporting every `window` steps or more would
+        run a window or two of steps at a split the fits did not choose
+        (`bench/plan.py --whole-job`'s 48-step runs then measured little but trials)."""
         every = self.exchange_every
-        return max(every, self.cfg.window) if alone and self.trial.active is None else every
+        return max(every, self._alone_every) if alone and self.trial.active is None else every
+
+    def _alone_cadence(self) -> int:
+        """Steps between exchanges while one worker trains alone: `window`, doubled while
+        that is under `ALONE_EXCHANGE_S` of the agreed plan's predicted step, up to
+        `SOLO_EVERY` (never under `window`, the steps a fit is made of). Set at each
+        exchange from the agreed plan, and held until the next one: every worker has the
+        same. A change of the lone worker's speed reaches the shares up to two of these
+        later."""
+        k, step_s = self.cfg.window, self.plan.predicted if self.plan is not None else float("nan")
+        if not (math.isfinite(step_s) and step_s > 0):
+            return k
+        while k < SOLO_EVERY and k * step_s < ALONE_EXCHANGE_S:
+            k *= 2
+        return k
 
     @cached_property
     def solo(self) -> bool:
