@@ -144,8 +144,9 @@ class FitExchange:
         k, step_s = self.cfg.window, self.plan.predicted if self.plan is not None else float("nan")
         if not (math.isfinite(step_s) and step_s > 0):
             return k
-        while k < SOLO_EVERY and k * step_s < ALONE_EXCHANGE_S:
-            k *= 2
+        most = max(self.cfg.window, SOLO_EVERY)
+        while k < most and k * step_s < ALONE_EXCHANGE_S:
+            k = min(2 * k, most)
         return k
 
     @cached_property
