@@ -16,7 +16,9 @@ every worker keeps the same record from the same rows (`receive`): each set's st
 median over the members that reported it, and its time is the median of its recent
 reports (`time`). A set's first step after a change is not timed (it pays the set's
 group, the re-synchronisation and new shapes once), nor a probe step (its split is not
-the set's), nor an epoch's last, partial batch.
+the set's), nor an epoch's last, partial batch. A set that goes on at another split
+(the balancer moved the shares of the same workers) starts afresh (`moved`): the steps
+of the split before, the shares not yet settled say, are not its.
 
 `better(members)` then vetoes a split whose set measured slower, recently, than another
 set that ran: predictions propose sets, measurements decide between sets both measured.
@@ -72,6 +74,7 @@ class SetTimes:
         self._mine_key = -1
         self._hist: dict[int, list[tuple[int, float]]] = {}  # set -> [(step, seconds)], agreed
         self._keys: dict[bytes, int] = {}  # a set's mask (bytes) -> its key
+        self._skip: set[int] = set()  # sets whose next report is of their split before (`moved`)
         self.version = 0  # changes whenever the agreed record may have (`receive`, `forget`)
 
     def record(self, members, seconds: float, counted: bool = True) -> None:
@@ -104,10 +107,24 @@ class SetTimes:
         seconds = np.asarray(seconds, dtype=float)
         good = np.isfinite(keys) & np.isfinite(seconds) & (seconds > 0)
         for key in set(keys[good].astype(np.int64).tolist()):
+            if key in self._skip:  # its steps before the split moved (`moved`)
+                self._skip.discard(key)
+                continue
             value = float(np.median(seconds[good & (keys == key)]))
             self._hist[key] = [*self._hist.get(key, [])[1 - self.window:], (int(step), value)]
         for key in [k for k, h in self._hist.items() if h[-1][0] < step - FRESH]:
             del self._hist[key]  # stale: priced by prediction again
+
+    def moved(self, members) -> None:
+        """The set `members` (bool per worker) goes on at another split: its times so far
+        (the steps before the shares settled, say) are dropped, and so is its next report,
+        sent before the new split took effect (each exchange's rows arrive one exchange
+        later). Every worker calls it at the same point of the same sequence of rows
+        applied, so all keep the same record."""
+        self.version += 1
+        key = set_key(members)
+        self._hist.pop(key, None)
+        self._skip.add(key)
 
     def forget(self, workers) -> None:
         """Drop the times of every set with one of `workers` (bool per worker) in it: a

@@ -40,6 +40,37 @@ def test_a_set_is_timed_by_its_members_median_and_the_median_of_its_reports():
     assert math.isnan(t.time([True, True, False], 2 + FRESH + 1))  # stale: predicted again
 
 
+def test_a_set_whose_split_moved_is_timed_afresh_from_its_reports_after_the_move():
+    """The steps before the shares settled are another split's: `moved` drops them and
+    the next report (sent before the new split took effect), and the set is measured
+    again from the one after; other sets keep theirs."""
+    t = SetTimes(2, window=8)
+    t.receive([3.0, 3.0], [0.30, 0.30], step=2)  # the pair at equal shares, slow
+    t.receive([1.0, math.nan], [0.10, math.nan], step=4)  # the first worker alone
+    t.moved(BOTH)
+    assert math.isnan(t.time(BOTH, 4)) and t.time(FIRST, 4) == pytest.approx(0.10)
+    t.receive([3.0, 3.0], [0.29, 0.31], step=6)  # steps of the split before: not its
+    assert math.isnan(t.time(BOTH, 6))
+    t.receive([3.0, 3.0], [0.08, 0.08], step=8)
+    assert t.time(BOTH, 8) == pytest.approx(0.08) and t.better(BOTH, 8) is None
+    assert t.better(FIRST, 8).tolist() == [True, True]  # balanced, the pair is the faster
+
+
+def test_a_rebalanced_set_is_remeasured_and_every_worker_keeps_the_same_record():
+    """Two workers, the second 3x slower a sample, start at equal shares: the balancer
+    moves the pair's split, and every worker drops the pair's times from before alike."""
+    ex = InProcessExchange(2)
+    bal = [Balancer(None, 100, BalanceConfig(probe_every=0), gather=ex.gather_for(r), num_workers=2)
+           for r in range(2)]
+    shares = drive(bal, 12, lambda step, sizes: np.array([1e-3, 3e-3]) * sizes)
+    assert shares[0] == [50, 50] and shares[-1] == [75, 25], shares
+    assert bal[0].set_times._hist == bal[1].set_times._hist
+    times = bal[0].set_times._hist[set_key(BOTH)]
+    # the balanced split's steps only (75 ms of compute, 10 of exchange, 1 of loop), none of the equal
+    # split's (150 ms of compute)
+    assert len(times) >= 2 and all(v == pytest.approx(0.076 + 0.010) for _, v in times), times
+
+
 def test_a_set_measured_slower_than_another_is_vetoed_beyond_the_noise():
     t = SetTimes(2, window=8)
     for step in range(1, 5):
