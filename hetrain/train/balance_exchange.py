@@ -196,10 +196,12 @@ class FitExchange:
         if self.solo:  # one worker takes every sample whatever the fits: nothing to solve
             return
         self._partial.clear()
-        before = self.plan
-        self.plan = self.plan_for(self.global_batch)
+        before, self.plan = self.plan, self.plan_for(self.global_batch)
         self.sizes = self.plan.sizes
-        if (before is not None and before is not self.plan
-                and bool(((before.sizes > 0) == (self.plan.sizes > 0)).all())
-                and not np.array_equal(before.sizes, self.plan.sizes)):
-            self.set_times.moved(self.plan.sizes > 0)  # its time so far was another split's
+        if before is not None and _other_split(before.sizes, self.sizes):
+            self.set_times.moved(self.sizes > 0)  # its time so far was another split's
+
+
+def _other_split(before: np.ndarray, after: np.ndarray) -> bool:
+    """The same workers (those with samples) at other shares."""
+    return bool(((before > 0) == (after > 0)).all()) and not np.array_equal(before, after)

@@ -11,7 +11,8 @@ from hetrain.train.exchange import InProcessExchange
 from .lockstep import drive
 
 
-def _exchange_steps(per_sample: float, window: int, steps: int = 400) -> tuple[list[list[int]], list[list[int]], Balancer]:
+def _exchange_steps(per_sample: float, window: int,
+                    steps: int = 400) -> tuple[list[list[int]], list[list[int]], Balancer]:
     """Two workers, the second 20x slower a sample with a fixed part of its own, so the
     first trains alone (no probes, no trials). Returns the shares per step, each worker's
     steps at which it started an exchange, and the first worker's balancer."""
