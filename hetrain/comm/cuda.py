@@ -326,17 +326,9 @@ class CudaWorkDevice(_CopiedOut, WorkStaging):
     def begin(self, scale: float = 1.0) -> None:
         super().begin(scale)
         self.in_events: dict[int, torch.cuda.Event] = {}
-        self.whole: set[int] = set()  # tensors without a flat view: written back whole in complete()
 
-    @_on_device("copying a gradient off the GPU")
-    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        td = t.detach()
-        self.users[i] = td
-        if not td.is_contiguous():
-            self.whole.add(i)
-        done = self._fill_work(i, td, lo, hi)  # on the compute stream, which NCCL orders after
-        self._ready.extend(done)
-        return done
+    # the work staging's: on the compute stream, which NCCL orders after
+    fill = _on_device("copying a gradient off the GPU")(WorkStaging.fill)
 
     @_on_device("copying a partition to host memory")
     def stage_out(self, pid: int) -> None:
@@ -375,16 +367,7 @@ class CudaWorkDevice(_CopiedOut, WorkStaging):
     def in_event(self, pid: int):
         return self.in_events.pop(pid, None)
 
-    @_on_device("writing results into the gradients")
-    def deliver(self, pid: int) -> None:
-        for i, lo, hi in self.layout.spans[pid]:
-            if i in self.whole:
-                continue
-            a = self.layout.bounds[i]
-            self.users[i].view(-1)[lo - a: hi - a].copy_(self.work[lo:hi])
-
-    def complete(self, tensors) -> None:
-        for i in self.whole:
-            t = self.users[i]
-            a, b = self.layout.tensor_range(i)
-            t.copy_(self.work[a:b].view_as(t))
+    # the work staging's: results into the gradients on the compute stream, and the
+    # tensors without a flat view written whole at the end
+    deliver = _on_device("writing results into the gradients")(WorkStaging.deliver)
+    complete = WorkStaging.complete

@@ -42,6 +42,14 @@ from .worker.step import CommStats, ExchangeOwner, _LazyScale, _Step, weigh
 
 __all__ = ["CommStats", "ExchangeOwner", "PushPull", "_LazyScale"]
 
+# How often, at most, a tensor handed over drives a staging or transport whose work
+# completes asynchronously (`_Step.polls`, `Transport.polls`) when it completes no
+# partition itself: a copy or a local reduce that finishes waits at most this long (and
+# one gradient) for its next stage, and a model of many small tensors pays one pass per
+# interval rather than one per gradient. Partitions complete in milliseconds; a pass
+# costs microseconds.
+POLL_S = 1e-4
+
 
 class PushPull(LayoutKeeper):
     """One engine per group of workers (the job's, or a subgroup's): `push_pull`, or
@@ -153,7 +161,7 @@ class PushPull(LayoutKeeper):
         self._step = _Step(staging, wait_s=t1 - t0, t_begin=t1, done=[False] * len(named),
                            covered=[0] * len(named), overlapped=overlapped,
                            control=w.control, manifest=manifest, weight=weight, average=average, total=w.total,
-                           owner=owner, header=w.header, polls=self.transport.polls or staging.polled)
+                           owner=owner, header=w.header, polls=staging.polled)
         return True
 
     def owned_by(self, owner: object) -> bool:
@@ -178,7 +186,8 @@ class PushPull(LayoutKeeper):
         push_pull's own loop): count it in where it is its gradient home (`grad_homes`),
         else stage it whole, and post every partition it completes. The one call per
         gradient: the staging records it, and the transport is driven only when a
-        partition is complete (or where it has asynchronous work to poll: `_Step.polls`).
+        partition is complete (or, at most every POLL_S, where it has asynchronous work to
+        poll: `_Step.polls`, `Transport.polls`).
         Never blocks. None: no push_pull of `owner` is in flight (nothing done); False:
         tensor `index` was handed over already this step."""
         st = self._step
@@ -197,8 +206,9 @@ class PushPull(LayoutKeeper):
         st.covered[index] = tensor.numel()
         if pids:
             self.transport.filled(pids)
-        if pids or st.polls:
+        if pids or ((st.polls or self.transport.polls) and time.perf_counter() >= st.poll_at):
             self.transport.progress()
+            st.poll_at = time.perf_counter() + POLL_S
         return True
 
     def handed_over(self) -> list[bool]:
@@ -225,8 +235,9 @@ class PushPull(LayoutKeeper):
         pids = st.staging.fill(index, tensor, lo, hi)
         if pids:
             self.transport.filled(pids)
-        if pids or st.polls:
+        if pids or ((st.polls or self.transport.polls) and time.perf_counter() >= st.poll_at):
             self.transport.progress()
+            st.poll_at = time.perf_counter() + POLL_S
 
     def finish(self, tensors: list[torch.Tensor]) -> None:
         """Send what is left, wait for every sum and write the results into `tensors`."""

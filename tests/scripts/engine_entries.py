@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import hetrain
 import hetrain.comm
 
-WARMUP, COUNTED, GB = 3, 4, 16
+WARMUP, COUNTED, GB = 3, 4, 24  # a global batch that 2 and 3 workers split evenly
 COMM = Path(hetrain.comm.__file__).resolve().parent
 ROOMS = (str(COMM / "engine.py"), str(COMM / "cuda.py"),
          *(str(COMM / d) + os.sep for d in ("worker", "staging", "transports")))
@@ -78,6 +78,7 @@ def train(blocks: int, overlap: bool, rank: int = 0, n: int = 1, wrap: bool = Tr
     parts = len(eng._layout.parts) if eng is not None and eng._layout is not None else 0
     grads = sum(1 for p in m.parameters() if p.requires_grad)
     return m, {"calls": sum(calls.values()), "steps": COUNTED, "grads": grads, "parts": parts,
+               "transport": type(eng.transport).__name__ if eng is not None else None,
                "by_function": dict(calls.most_common())}
 
 

@@ -90,16 +90,43 @@ class WorkStaging(Staging):
         p = self.layout.parts[pid]
         return self.work[p.start: p.start + p.length]
 
-    def _fill_work(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        """Elements [lo, hi) of tensor i, times the step's scale, into the work buffer."""
+    def begin(self, scale: float = 1.0) -> None:
+        super().begin(scale)
+        self.users: dict[int, torch.Tensor] = {}  # tensor index -> the user's tensor, where its result goes
+
+    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
+        """Elements [lo, hi) of tensor i, times the step's scale, into the work buffer on
+        the current stream (a device buffer's collectives are ordered after it there), so
+        the partitions it completes are ready at once. The copy and the count are inline:
+        this runs once per gradient per step, and each call costs a step's worth of
+        Python at a few hundred tensors."""
+        td = t.detach()
+        self.users[i] = td
         a = self.layout.bounds[i]
-        src = t.detach().reshape(-1)[lo:hi]
+        src = td.reshape(-1)[lo:hi]
         dst = self.work[a + lo: a + hi]
         if self.scale != 1.0:
             torch.mul(src, self.scale, out=dst)
         else:
             dst.copy_(src)
-        return self._count(i, lo, hi)
+        done = self._count(i, lo, hi)
+        self._ready.extend(done)
+        return done
+
+    def deliver(self, pid: int) -> None:
+        """Partition `pid`'s result into the user's tensors that have a flat view
+        (contiguous ones); the others are written whole by `complete`."""
+        for i, lo, hi in self.layout.spans[pid]:
+            t = self.users.get(i)
+            if t is not None and t.is_contiguous():
+                a = self.layout.bounds[i]
+                t.view(-1)[lo - a: hi - a].copy_(self.work[lo:hi])
+
+    def complete(self, tensors) -> None:
+        for i, t in self.users.items():
+            if not t.is_contiguous():
+                a, b = self.layout.tensor_range(i)
+                t.copy_(self.work[a:b].view_as(t))
 
     def _host_wire(self) -> None:
         """Payload buffers and error feedback in host memory, for a codec on the host."""

@@ -116,28 +116,3 @@ class HostWork(WorkStaging):
             self.work = arena.alloc(layout.numel)
             weakref.finalize(self, arena.close)
         self._host_wire()
-
-    def begin(self, scale: float = 1.0) -> None:
-        super().begin(scale)
-        self.targets: dict[int, torch.Tensor | None] = {}
-
-    def fill(self, i: int, t: torch.Tensor, lo: int, hi: int) -> list[int]:
-        # where the result goes: a 1-D view of t when it has one (contiguous), else None
-        self.targets[i] = t.detach().view(-1) if t.is_contiguous() else None
-        done = self._fill_work(i, t, lo, hi)
-        self._ready.extend(done)
-        return done
-
-    def deliver(self, pid: int) -> None:
-        for i, lo, hi in self.layout.spans[pid]:
-            dst = self.targets.get(i)
-            if dst is not None:
-                a = self.layout.bounds[i]
-                dst[lo - a: hi - a].copy_(self.work[lo:hi])
-
-    def complete(self, tensors) -> None:
-        for i, t in enumerate(tensors):
-            if self.targets.get(i, 0) is None:  # not contiguous: written whole at the end
-                a, b = self.layout.tensor_range(i)
-                t.copy_(self.work[a:b].view_as(t))
-

@@ -18,8 +18,9 @@ Arrival = Literal["forward", "backward"]  # the order in which a step's pieces a
 
 class Transport:
     direct = False  # staging: from the user's tensors (True) or through a work buffer
-    # progress() has work of its own to poll while tensors are handed over (collectives in
-    # flight that complete asynchronously), not only the partitions a tensor completes
+    # progress() has work of its own to poll now (collectives in flight that complete
+    # asynchronously), not only the partitions a tensor completes: kept current by the
+    # transport, read by the engine at every tensor handed over
     polls = False
     # how a worker's gradients are weighted (comm/worker/step.py `weigh`): it scales its own
     # share b_i / Σb (an all-reduce among workers), or the servers weight each machine's
@@ -88,6 +89,7 @@ class ServerLeg:
         self.sort_reverse = sort_reverse
         self.pending: list[int] = []
         self.inflight: dict[int, deque] = {}
+        self.in_flight = 0  # posted, not retired (a poll with none in flight need not look)
 
     def add(self, pids) -> None:
         self.pending.extend(pids)
@@ -123,10 +125,12 @@ class ServerLeg:
         s = chan.isend(sbuf, tag, g, what=f"sending partition {pid}")
         r = chan.irecv(rbuf, tag, g, what=f"receiving the sum of partition {pid}")
         self.inflight.setdefault(p.server, deque()).append((pid, dst, s, r))
+        self.in_flight += 1
         self.window.sent(p.server, t.layout.sizes[pid])
 
     def retire(self, item) -> int:
         pid, dst, s, r = item
+        self.in_flight -= 1
         p2p.wait(s, self.ctx.peer_error, f"sending partition {pid}", [dst])
         p2p.wait(r, self.ctx.peer_error, f"waiting for the sum of partition {pid}", [dst])
         t = self.t

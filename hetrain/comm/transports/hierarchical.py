@@ -22,7 +22,6 @@ class HierarchicalTransport(Transport):
     """Several workers on one machine: local reduce -> owner push/pull -> local broadcast,
     per partition, pipelined (see the module docstring)."""
 
-    polls = True  # local reduces and broadcasts in flight complete while tensors are handed over
     machine_sum = True  # the machine's workers add b_l·g_l; the servers divide by Σb
 
     def __init__(self, ctx):
@@ -56,6 +55,11 @@ class HierarchicalTransport(Transport):
         # ever waits for a sum while holding back a partition another one waits for
         self.leg = ServerLeg(self, CreditWindow(0, 1, unlimited=True), sort_reverse=self.backward_order())
         self.ready: set[int] = set()  # work buffer complete
+        # what the staging and the server leg may have for a pass: asked only then, so a
+        # pass with nothing new is one call (it runs at every tensor handed over)
+        self.unready = 0  # partitions filled whose work buffer the staging has not confirmed
+        self.staged = 0  # partitions staged out whose wire bytes out_ready has not returned
+        self.polls = False  # local reduces in flight (`Transport.polls`): their owner pushes when one completes
         self.next_reduce = 0
         self.reduces: deque = deque()  # (pid, work) in order
         self.summed: set[int] = set()  # the machine's sum (owner: the global sum) is in the work buffer
@@ -64,7 +68,20 @@ class HierarchicalTransport(Transport):
         self.delivered = 0
 
     def filled(self, pids: list[int]) -> None:
-        pass
+        self.unready += len(pids)
+
+    def _confirm(self, wait: bool) -> None:
+        """The partitions whose work buffer the staging confirms complete (wait: at least one)."""
+        got = self.staging.work_ready(wait)
+        self.unready -= len(got)
+        self.ready.update(got)
+
+    def _push(self, wait: bool) -> None:
+        """Post the staged partitions whose wire bytes are in host memory (wait: at least one)."""
+        out = self.staging.out_ready(wait)
+        self.staged -= len(out)
+        self.leg.add(out)
+        self.leg.flush(block=wait)
 
     def _collective(self, what: str, fn, view, **kw):
         if not self.staging.on_device:
@@ -78,7 +95,8 @@ class HierarchicalTransport(Transport):
         """One pass over the pipeline; returns whether anything moved."""
         moved = False
         st = self.staging
-        self.ready.update(st.work_ready(False))
+        if self.unready:
+            self._confirm(False)
         # 1. local reduces, in the fixed order, each to the partition's owner
         while self.next_reduce < len(self.order) and self.order[self.next_reduce] in self.ready:
             pid = self.order[self.next_reduce]
@@ -96,20 +114,24 @@ class HierarchicalTransport(Transport):
                      [r for r in self.local if r != self.ctx.rank])
             if pid in self.mine:
                 st.stage_out(pid)
+                self.staged += 1
             else:
                 self.summed.add(pid)
             moved = True
             block = False
         # 3. the owner's server leg
-        out = st.out_ready(False)
-        if out:
-            self.leg.add(out)
-            self.leg.flush(block=False)
-            moved = True
-        done = self.leg.retire_done()
-        if done:
-            self.summed.update(done)
-            moved = True
+        if self.staged:
+            n = self.staged
+            self._push(False)
+            moved = moved or self.staged < n
+        # sums that came back wait for the broadcasts, which start once every reduce is
+        # issued: before that, looked for only in a pass that moved something (a partition
+        # filled or reduced), not at every tensor handed over
+        if self.leg.in_flight and (moved or self.next_reduce == len(self.order)):
+            done = self.leg.retire_done()
+            if done:
+                self.summed.update(done)
+                moved = True
         # 4. local broadcasts from the owners, in the fixed order, once every reduce is issued:
         # every worker then issues the same sequence over both communicators (all reduces, then
         # all broadcasts), never an interleaving that depends on when sums come back, which
@@ -131,6 +153,7 @@ class HierarchicalTransport(Transport):
         while self.bcasts and self.bcasts[0][1].is_completed():
             self._deliver(*self.bcasts.popleft())
             moved = True
+        self.polls = bool(self.reduces or self.unready or self.staged)
         return moved
 
     def _deliver(self, pid: int, w) -> None:
@@ -139,7 +162,7 @@ class HierarchicalTransport(Transport):
         self.delivered += 1
         self.t_last = time.perf_counter()
 
-    # polled at every tensor handed over (`polls`): one call, the pass itself, not a wrapper
+    # polled at every tensor handed over while `polls`: one call, the pass itself, not a wrapper
     progress = _step
 
     def finish(self, idle: Callable[[], None] | None = None) -> None:
@@ -150,12 +173,11 @@ class HierarchicalTransport(Transport):
             # nothing moved: wait for the oldest thing in flight, in pipeline order (every
             # worker has issued everything it can, so whatever is oldest will complete)
             if self.next_reduce < len(self.order):
-                self.ready.update(self.staging.work_ready(True))
+                self._confirm(True)
             elif self.reduces:
                 self._step(block=True)
-            elif self.staging.outstanding:
-                self.leg.add(self.staging.out_ready(True))
-                self.leg.flush(block=True)
+            elif self.staged:
+                self._push(True)
             elif any(self.leg.inflight.values()):
                 self.summed.add(self.leg.retire_oldest())
             elif self.bcasts:

@@ -64,9 +64,11 @@ class _Step:
     total: int = -1  # Σ batch weights (from the header, or the servers' answers in finish)
     owner: ExchangeOwner | None = None  # who began it and can complete it (see PushPull.begin)
     header: Callable[[], int] | None = None  # a speculated step's header wait: Σb, read in finish
-    # the transport is driven at every tensor handed over, not only at a completed partition:
-    # its staging or its own collectives finish asynchronously (CUDA copies, local reduces)
+    # the transport is driven by tensors handed over (at most every engine.POLL_S), not only
+    # at a completed partition: the staging's copies finish asynchronously (CUDA); so does
+    # the transport's own work while its `polls` says so (local reduces in flight)
     polls: bool = False
+    poll_at: float = 0.0  # perf_counter() from which the next such pass is due
 
 
 class _LazyScale:
