@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero_noise import noise_penalty, step_noise
+from real_worker import acc_of, balanced_finish, make_model
 from hetrain.demo.digits import load_digits_split
 from hetrain.train.sampler import GlobalBatchSampler
 
@@ -107,12 +108,6 @@ def single_process_accs(model: str, gb: int, steps: int, lr: float, rep: int) ->
     test accuracy can swing by points from one step to the next (the CNN at 40 steps:
     0.84, 0.81, 0.84, 0.79), and the same global batch summed in another order (two
     workers' shares) moves a single step's figure by about as much."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from real_worker import acc_of, make_model
-
     xtr, ytr, xte, yte = load_digits_split()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -158,19 +153,6 @@ def _run_speeds(res: dict, skip: int) -> np.ndarray:
         n = ph[:, :, 5]
         per.append(np.where(n > 0, (ph[:, :, 1] + ph[:, :, 2]) / np.maximum(n, 1), np.nan))
     return np.nanmedian(np.concatenate(per, axis=1), axis=1)
-
-
-def balanced_finish(fixed: np.ndarray, slope: np.ndarray, gb: int) -> tuple[float, np.ndarray]:
-    """When workers taking fixed + slope x samples finish together on `gb` samples: T with
-    Σ (T - fixed_i) / slope_i = B over the workers that take part (a worker whose fixed
-    part alone exceeds T sits out), and which take part."""
-    active = np.ones(len(fixed), dtype=bool)
-    while True:
-        t = (gb + np.sum(fixed[active] / slope[active])) / np.sum(1 / slope[active])
-        drop = active & (fixed >= t)
-        if not drop.any():
-            return float(t), active
-        active &= ~drop
 
 
 def compute_saved(fixed: np.ndarray, slope: np.ndarray, gb: int, equal: float | None = None) -> float:

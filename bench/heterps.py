@@ -43,7 +43,8 @@ from hetrain.pipeline.cli import run_plan  # noqa: E402
 from hetrain.pipeline.data import CTRData  # noqa: E402
 from hetrain.pipeline.reference import assemble, evaluate_auc, train_single  # noqa: E402
 from hetrain.pipeline.workload import CATALOGUE, emulated_profile  # noqa: E402
-from hetrain.plan.base import Problem, get_planner  # noqa: E402
+from hetrain.plan.base import Problem  # noqa: E402
+from hetrain.plan.planners import get_planner  # noqa: E402
 from hetrain.plan.catalogue import load_catalogue  # noqa: E402
 from hetrain.plan.render import plan_to_dict  # noqa: E402
 

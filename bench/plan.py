@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hetrain.plan.base import Problem, get_planner  # noqa: E402
+from hetrain.plan.base import Problem  # noqa: E402
+from hetrain.plan.planners import get_planner  # noqa: E402
 from hetrain.plan.catalogue import load_catalogue  # noqa: E402
 from hetrain.plan.exact import max_throughput  # noqa: E402
 from hetrain.plan.profile import ModelProfile, load_or_profile  # noqa: E402

@@ -113,12 +113,23 @@ def _fixed_batches(sampler, xtr, ytr, rank, shares):
         epoch += 1
 
 
+def balanced_finish(fixed: np.ndarray, slope: np.ndarray, gb: int) -> tuple[float, np.ndarray]:
+    """When workers taking fixed + slope x samples finish together on `gb` samples: T with
+    Σ (T - fixed_i) / slope_i = B over the workers that take part (a worker whose fixed
+    part alone exceeds T sits out), and which take part."""
+    active = np.ones(len(fixed), dtype=bool)
+    while True:
+        t = (gb + np.sum(fixed[active] / slope[active])) / np.sum(1 / slope[active])
+        drop = active & (fixed >= t)
+        if not drop.any():
+            return float(t), active
+        active &= ~drop
+
+
 def fixed_shares(speed: dict, gb: int) -> list[int]:
     """Shares that equalize fixed + slope x b across the workers (the measured speeds), the
     finish the ideal assumes (a worker that would sit out keeps 1 sample: DDP needs every
     rank in its all-reduce)."""
-    from hetero_cases import balanced_finish
-
     fixed, slope = np.asarray(speed["fixed_s"]), np.asarray(speed["slope_s"])
     t, _ = balanced_finish(fixed, slope, gb)
     raw = np.maximum(1.0, (t - fixed) / slope)

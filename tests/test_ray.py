@@ -113,7 +113,8 @@ def test_scheduler_resizes_a_job_across_nodes_and_it_equals_an_uninterrupted_run
 
     import torch
 
-    from hetrain.sched.executor import Backend, RealJobSpec, compare
+    from hetrain.sched.executor import Backend, compare
+    from hetrain.sched.job import RealJobSpec
     from hetrain.sched.job import Alloc
     from hetrain.sched.worker import main as worker_main
 

@@ -32,7 +32,8 @@ import torch
 import yaml
 
 from ..perf.pipeline import CostParams
-from ..plan.base import PlanResult, Problem, get_planner
+from ..plan.base import PlanResult, Problem
+from ..plan.planners import get_planner
 from ..plan.exact import max_throughput
 from ..plan.render import plan_to_dict
 from .calibrate import (choose_micro_batches, gpu_target, micro_batch_choices, scaled_profile, type_factor,

@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
 
 import numpy as np
 
@@ -57,7 +56,8 @@ class PlanResult:
 
 
 class Planner:
-    """Subclasses set ``name`` and implement ``solve(problem) -> (assignment, info)``."""
+    """Subclasses set ``name`` (their name in `hetrain.plan.planners`) and implement
+    ``solve(problem) -> (assignment, info)``."""
 
     name = "planner"
 
@@ -73,28 +73,3 @@ class Planner:
         else:
             score = problem.evaluate(assignment)
         return PlanResult(self.name, score, dt, info)
-
-
-PLANNERS: dict[str, Callable[..., Planner]] = {}
-
-
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        PLANNERS[name] = cls
-        return cls
-    return deco
-
-
-def get_planner(name: str, **kwargs) -> Planner:
-    from . import baselines, exact, rl  # noqa: F401  (fill the registry)
-
-    if name not in PLANNERS:
-        raise UserError(f"unknown planner {name!r}; choose one of {sorted(PLANNERS)}")
-    return PLANNERS[name](**kwargs)
-
-
-def planner_names() -> list[str]:
-    from . import baselines, exact, rl  # noqa: F401
-
-    return sorted(PLANNERS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..perf.pipeline import score_assignments
-from .base import Planner, Problem, register
+from .base import Planner, Problem
 
 
 def _kinds(problem: Problem, kind: str) -> list[int]:
@@ -23,24 +23,25 @@ class _AllOn(Planner):
         return (r,) * problem.workload.n_layers, {"type": problem.workload.type_names[r]}
 
 
-@register("gpu")
 class AllCheapestGPU(_AllOn):
     """Every layer on the cheapest GPU type (one data-parallel stage)."""
 
+    name = "gpu"
     kind = "gpu"
 
 
-@register("cpu")
 class AllCheapestCPU(_AllOn):
     """Every layer on the cheapest CPU type."""
 
+    name = "cpu"
     kind = "cpu"
 
 
-@register("greedy")
 class GreedyPerLayer(Planner):
     """Each layer on the type that is cheapest for that layer alone (as a one-layer
     stage, transfers included); ties to the lower index."""
+
+    name = "greedy"
 
     def solve(self, problem: Problem):
         H = problem.tables.hourly
@@ -54,10 +55,11 @@ def penalised(hourly: np.ndarray, violation: np.ndarray, scale: float) -> np.nda
     return np.where(np.isfinite(hourly) & (violation == 0), hourly / scale, 1e12 * (1.0 + violation))
 
 
-@register("genetic")
 class Genetic(Planner):
     """Genetic algorithm over type-per-layer strings: tournament selection, two-point
     crossover, per-layer and segment mutation, elitism. Seeded."""
+
+    name = "genetic"
 
     def __init__(self, population: int = 64, generations: int = 300, mutation: float | None = None,
                  seed: int = 0):

@@ -110,7 +110,8 @@ def run_job(args: argparse.Namespace) -> int:
 
 def run_placement(args: argparse.Namespace) -> int:
     from ..perf.pipeline import CostParams
-    from .base import Problem, get_planner, planner_names
+    from .base import Problem
+    from .planners import get_planner, planner_names
     from .catalogue import load_catalogue
     from .exact import max_throughput
     from .profile import load_or_profile

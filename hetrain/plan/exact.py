@@ -20,7 +20,7 @@ import numpy as np
 
 from ..perf.pipeline import StageTables, Workload
 from ..quiet import quiet_stdout
-from .base import Planner, Problem, register
+from .base import Planner, Problem
 
 
 def _dp(H: np.ndarray):
@@ -311,9 +311,10 @@ def _solve_milp(problem: Problem, assign, time_limit: float):
     return None, info
 
 
-@register("exact")
 class ExactPlanner(Planner):
     """Chain DP, with a HiGHS MILP when total availability binds: provably optimal."""
+
+    name = "exact"
 
     def __init__(self, time_limit: float = 60.0):
         self.time_limit = time_limit

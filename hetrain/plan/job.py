@@ -113,7 +113,8 @@ def heterps_row(profile, cluster_path: str, global_batch: int) -> str:
     (pipeline stages over the cluster's kinds, perf/pipeline.py) reaches and what it costs, or
     why it cannot be weighed (kinds not described for planning, the demo's model)."""
     from ..perf.pipeline import CostParams
-    from .base import Problem, get_planner
+    from .base import Problem
+    from .planners import get_planner
     from .catalogue import CatalogueError, load_catalogue
     from .exact import max_throughput
 

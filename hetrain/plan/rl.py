@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from ..perf.pipeline import score_assignments
-from .base import Planner, Problem, register
+from .base import Planner, Problem
 from .baselines import iterated_local_search, local_search, realign
 
 
@@ -123,10 +123,11 @@ def _greedy_plan(b: np.ndarray, st: np.ndarray) -> np.ndarray:
     return greedy
 
 
-@register("rl")
 class RLPlanner(Planner):
     """LSTM policy + REINFORCE (HeterPS). Not a wrapper of `exact`: it only ever sees
     rewards of sampled plans."""
+
+    name = "rl"
 
     def __init__(self, updates: int = 500, batch: int = 128, hidden: int = 64, lr: float = 0.01,
                  entropy: float = 0.05, seed: int = 0, patience: int = 200, progress: bool | None = None,

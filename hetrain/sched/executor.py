@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -43,7 +42,7 @@ from ..perf.goodput import BatchModel
 from ..perf.jobs import JobFit, RingCurve, StepSample, fit_job, rate_table
 from .backends import LOCAL, Backend, launch_job, ray_gpu_pools
 from .cluster import parse_cluster_spec
-from .job import Alloc, make_job, use_goodput
+from .job import Alloc, RealJobSpec, make_job, use_goodput
 from .policies import DEFAULT_POLICY, check_allocation, get_policy
 from .progress import JobRun, measured_step_times, read_progress, sample_of
 from .worker import EXIT_STOPPED
@@ -52,19 +51,6 @@ from .worker import EXIT_STOPPED
 # GPUs: the default NIC of a cluster file (MachineSpec.bandwidth, 10 Gbit/s). The fit
 # replaces it with the bandwidth the job measures.
 PRIOR_BANDWIDTH = 1.25e9
-
-
-@dataclass
-class RealJobSpec:
-    name: str
-    arrival: float
-    steps: int
-    compute_s: float          # emulated compute of one global batch on one GPU of speed 1
-    batch: int = 32           # base batch: steps, compute_s count at it
-    seed: int = 0
-    max_gpus: int = 2
-    max_batch: int = 0        # > batch: a goodput-aware policy may run the job at up to this batch
-    noise_scale: float = float("inf")  # assumed until the workers measure it
 
 
 def tiny_workload() -> list[RealJobSpec]:

@@ -162,3 +162,19 @@ def make_job(job_id: int, name: str, arrival: float, work: float, curve: Scaling
 
 def mean_jct(jobs_finish: dict[int, float], jobs: list[Job]) -> float:
     return float(np.mean([jobs_finish[j.job_id] - j.arrival for j in jobs]))
+
+
+@dataclass
+class RealJobSpec:
+    """A job the real executor runs (`hetrain.sched.executor`): a small training job
+    whose compute is emulated, arriving at `arrival` seconds into the workload."""
+
+    name: str
+    arrival: float
+    steps: int
+    compute_s: float          # emulated compute of one global batch on one GPU of speed 1
+    batch: int = 32           # base batch: steps, compute_s count at it
+    seed: int = 0
+    max_gpus: int = 2
+    max_batch: int = 0        # > batch: a goodput-aware policy may run the job at up to this batch
+    noise_scale: float = float("inf")  # assumed until the workers measure it

@@ -11,13 +11,10 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..perf.jobs import JobFit, RingCurve, StepSample
-from .job import Alloc, Job
-
-if TYPE_CHECKING:  # the executor imports this module; the spec is only a type here
-    from .executor import RealJobSpec
+from .job import Alloc, Job, RealJobSpec
 
 
 @dataclass(frozen=True)

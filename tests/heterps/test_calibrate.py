@@ -9,7 +9,8 @@ from hetrain.pipeline.calibrate import (choose_micro_batches, fill_drain_s, gpu_
                                         scaled_profile, type_factor, with_fill_drain)
 from hetrain.pipeline.hostprofile import HostDevices, host_catalogue
 from hetrain.pipeline.workload import emulated_profile
-from hetrain.plan.base import Problem, get_planner
+from hetrain.plan.base import Problem
+from hetrain.plan.planners import get_planner
 
 DEV = HostDevices("gpu", "NVIDIA H200", 140 * 2**30, "cpu4t", 4, 3, 8 * 2**30)
 CAT = host_catalogue(DEV, 4e9)

@@ -5,7 +5,8 @@ import numpy as np
 from hetrain.perf.pipeline import CostParams
 from hetrain.pipeline.hostprofile import (HostDevices, gpu_price, host_catalogue, link_bandwidth, real_profile,
                                           runtime_layer_times, stage_loop_time)
-from hetrain.plan.base import Problem, get_planner
+from hetrain.plan.base import Problem
+from hetrain.plan.planners import get_planner
 
 
 def test_profile_catalogue_and_plan_of_this_host():

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetrain.perf.pipeline import CostParams, evaluate
-from hetrain.plan.base import Problem, get_planner
+from hetrain.plan.base import Problem
+from hetrain.plan.planners import get_planner
 from hetrain.plan.exact import chain_dp, chain_milp, max_throughput, solve_exact
 
 from .conftest import random_workload

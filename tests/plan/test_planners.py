@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from hetrain.errors import UserError
-from hetrain.plan.base import Problem, get_planner, planner_names
+from hetrain.plan.base import Problem
+from hetrain.plan.planners import get_planner, planner_names
 from hetrain.plan.rl import RLPlanner, layer_features
 
 from .conftest import random_workload

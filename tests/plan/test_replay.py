@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from hetrain.perf.pipeline import score_assignments
-from hetrain.plan.base import Problem, get_planner
+from hetrain.plan.base import Problem
+from hetrain.plan.planners import get_planner
 from hetrain.plan.baselines import realign
 from hetrain.plan.catalogue import load_catalogue
 from hetrain.plan.exact import max_throughput

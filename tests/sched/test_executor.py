@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetrain.sched.executor import RealJobSpec, compare, launch_job
+from hetrain.sched.executor import compare, launch_job
+from hetrain.sched.job import RealJobSpec
 from hetrain.sched.job import Alloc
 from hetrain.train.elastic import load_committed
 from hetrain.sched.worker import EXIT_STOPPED, global_batch
