@@ -20,7 +20,7 @@ import numpy as np
 
 from ...perf.jobs import completion_time
 from ..job import Alloc
-from . import admit_at_minimum, register
+from .base import admit_at_minimum, register
 from .doubling import grow
 
 SWAP_CANDIDATES = 32  # jobs (those that could gain most elsewhere) whose swap partners are sought

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 
 from ..job import Alloc
-from . import admit_at_minimum, register
+from .base import admit_at_minimum, register
 
 
 def _move(job, a, free_t, current, top_up):

@@ -3,7 +3,7 @@ its fastest GPU type with room) in arrival order; the head of the queue blocks t
 from __future__ import annotations
 
 from ..job import Alloc
-from . import register
+from .base import register
 
 
 @register("fifo")

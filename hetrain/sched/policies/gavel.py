@@ -26,7 +26,7 @@ import numpy as np
 
 from ..job import Alloc
 from ...quiet import quiet_stdout
-from . import register
+from .base import register
 
 ROUND_S = 360.0
 _CACHE: dict = {}  # LP solutions by (throughputs, scale factors, capacities)

@@ -41,7 +41,7 @@ import numpy as np
 from ...errors import UserError
 from ..job import Alloc, restart_factor
 from ..lengths import MIN_FINISHED, LengthModel
-from . import register
+from .base import register
 from .mckp import MIP_GAP, Configs, Prices, _milp, choose  # noqa: F401  (MIP_GAP: tests)
 
 DEFAULT_P = 0.5  # with lengths unknown the best of 1, 0.5, 0.25 on 2 of 3 three-type patterns (docs/scheduling.md)

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import UserError
 from ..job import Alloc
 from ...quiet import quiet_stdout
-from . import admit_at_minimum, register
+from .base import admit_at_minimum, register
 
 MAX_JOBS = 64
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...errors import UserError
 from ..job import Alloc, restart_factor  # noqa: F401  (restart_factor: Sia's restart penalty, tests)
-from . import register
+from .base import register
 from .goodput import candidates
 from .mckp import DECOMPOSE_GAP, Configs, Prices, choose
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...perf.jobs import completion_time
 from ..job import Alloc
-from . import register
+from .base import register
 
 
 @register("srtf")
