@@ -128,3 +128,15 @@ def test_one_process_calls_and_argument_errors():
         hetrain.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compression=3)
     with pytest.raises(UserError, match="tensor must be a torch.Tensor"):
         hetrain.push_pull(3.0)
+
+
+@pytest.mark.slow
+def test_calls_after_shutdown_are_refused_not_a_new_rendezvous(launch):
+    rc, log, _ = launch("after_shutdown.py", cluster=small_cluster(workers=2, cpus=0), mode="allreduce", timeout=30)
+    assert rc == 0, log
+    assert "ran after shutdown" not in log, log
+    for r in range(2):
+        assert f"rank {r} averaged [1.5, 1.5, 1.5]" in log, log
+        for name in ("rank", "push_pull", "broadcast_parameters"):
+            assert (f"rank {r} {name} refused: rank {r} (worker on machine w{r}) left the job with "
+                    "hetrain.shutdown()") in log, log

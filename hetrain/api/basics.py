@@ -13,6 +13,9 @@ from ..errors import UserError
 from ..runtime import context as _context
 
 _ENGINE: PushPull | None = None
+# what this process was in the job it left with shutdown(), where that job had other
+# processes: any call of the API then refuses to join again on its own (see `joined`)
+_LEFT: str | None = None
 
 # run first by shutdown(), with the engine still up (ops: finish outstanding async handles)
 _BEFORE_SHUTDOWN: list[Callable[[PushPull], None]] = []
@@ -20,8 +23,10 @@ _BEFORE_SHUTDOWN: list[Callable[[PushPull], None]] = []
 
 def init():
     """Join the job (reads the launcher's environment; a plain `python script.py` is a
-    one-worker job). Returns the Context."""
-    global _ENGINE
+    one-worker job). Returns the Context. Called again after shutdown(), it joins anew:
+    every process of the job must then call it."""
+    global _ENGINE, _LEFT
+    _LEFT = None
     ctx = _context.init()
     if _ENGINE is None:
         if not ctx.is_worker:
@@ -31,32 +36,44 @@ def init():
     return ctx
 
 
+def joined():
+    """The job's Context: every call of the API joins the job the first time, as init()
+    does. After shutdown() left a job of several processes, a call that would join it
+    again on its own is refused with what to do: the others have left (or will not join
+    with it), so a new rendezvous would hang until the timeout or fail on a refused
+    connection."""
+    if _LEFT is not None:
+        raise UserError(f"{_LEFT} left the job with hetrain.shutdown(); hetrain's calls need the job: call them "
+                        "before shutdown(), or call hetrain.init() on every process to join a new one")
+    return init()
+
+
 def engine() -> PushPull:
     if _ENGINE is None:
-        init()
+        joined()
     return _ENGINE
 
 
 def rank() -> int:
     """This worker's index among the workers (0..size()-1)."""
-    return init().rank
+    return joined().rank
 
 
 def size() -> int:
     """Number of workers (summation servers are not counted)."""
-    return init().num_workers
+    return joined().num_workers
 
 
 def device() -> torch.device:
     """This worker's device: `cuda:<local rank>` on a machine with `device.cuda: true`
     (one process per GPU), else `cpu` (an emulated device, or a plain one-process run).
     Put the model there: `model.to(hetrain.device())`."""
-    return init().device
+    return joined().device
 
 
 def _node_workers() -> list[int]:
     """Worker ranks started by this worker's node (launcher), in rank order."""
-    ctx = init()
+    ctx = joined()
     if ctx.topology is None:
         return [0]
     node = ctx.topology.proc(ctx.rank).machine.node
@@ -69,10 +86,10 @@ def local_rank() -> int:
     CUDA worker, the index of the GPU hetrain bound it to, so a Horovod script's
     `torch.cuda.set_device(hvd.local_rank())` keeps that GPU (the two numbers are the same
     wherever each GPU has one worker; workers of machines that share a GPU share it)."""
-    dev = init().device
+    dev = joined().device
     if dev is not None and dev.type == "cuda":
         return dev.index
-    return _node_workers().index(init().rank)
+    return _node_workers().index(joined().rank)
 
 
 def local_size() -> int:
@@ -82,7 +99,7 @@ def local_size() -> int:
 
 def _nodes() -> list[str]:
     """The nodes (launchers) that run workers, in the order of their first worker."""
-    ctx = init()
+    ctx = joined()
     if ctx.topology is None:
         return ["local"]
     seen: list[str] = []
@@ -95,7 +112,7 @@ def _nodes() -> list[str]:
 def cross_rank() -> int:
     """This worker's node's index among the nodes that run workers (Horovod's
     `cross_rank`: with one node per host, the host's index)."""
-    ctx = init()
+    ctx = joined()
     if ctx.topology is None:
         return 0
     return _nodes().index(ctx.topology.proc(ctx.rank).machine.node)
@@ -108,7 +125,7 @@ def cross_size() -> int:
 
 def is_homogeneous() -> bool:
     """Whether every node runs the same number of workers (Horovod's `is_homogeneous`)."""
-    ctx = init()
+    ctx = joined()
     if ctx.topology is None:
         return True
     counts = [sum(p.machine.node == node for p in ctx.topology.workers) for node in _nodes()]
@@ -181,3 +198,6 @@ def shutdown() -> None:
                 eng.shutdown()
         finally:
             _context.shutdown()
+            if eng.ctx.distributed:
+                global _LEFT
+                _LEFT = eng.ctx.describe(eng.ctx.rank)

@@ -21,7 +21,7 @@ from ..errors import UserError
 from ..modes import CodecChoice
 from . import uneven as _join
 from .adasum import adasum_allreduce
-from .basics import init, size
+from .basics import joined, size
 from .compression import _codec_name
 from .ops import Outstanding, _drain, new_handle
 from .reduce_op import Carrier, ReduceOp, TORCH_OP, identity_like, resolve
@@ -310,7 +310,7 @@ def reducescatter(tensor, op=None, name=None, compression=None, process_set=None
         raise UserError(f"reducescatter: op={op!r}; reducescatter takes hetrain.Average or hetrain.Sum")
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         raise UserError("reducescatter: expected a torch.Tensor with at least one dimension")
-    ctx = init()
+    ctx = joined()
     if ctx.distributed and ctx.num_workers > 1:
         _join.refuse_if_joined("reducescatter")
     full = _allreduce_many([tensor], op, prescale_factor, postscale_factor, compression, "reducescatter")[0]
@@ -355,7 +355,7 @@ def barrier(process_set=None) -> None:
     """Wait until every worker (that has not joined) gets here."""
     _check_process_set(process_set, "barrier")
     _drain()
-    ctx = init()
+    ctx = joined()
     if not ctx.distributed or ctx.num_workers == 1:
         return
     _join.announce(_join.Kind.BARRIER)

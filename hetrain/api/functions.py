@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from ..comm import p2p
 from ..errors import UserError
-from .basics import _check_root, init
+from .basics import _check_root, joined
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:
     """Copy root's parameters (a state_dict, named_parameters() or list of tensors) to all
@@ -15,7 +15,7 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
     travel, so every dtype arrives exact and nothing is converted). CUDA tensors go over
     NCCL where the workers have it, else through a host copy (gloo takes host memory
     only)."""
-    ctx = init()
+    ctx = joined()
     if not ctx.distributed:
         return
     if isinstance(params, dict):
@@ -53,7 +53,7 @@ def _broadcast_one(ctx, name: str, t: torch.Tensor, root: int) -> None:
 def _broadcast_bytes(data: bytes | None, error: str | None, root_rank: int, what: str) -> bytes:
     """Root sends `data` (or, when it refused the object, `error`) to every worker;
     a refusal is raised as the same UserError on every rank."""
-    ctx = init()
+    ctx = joined()
     me = ctx.rank == root_rank
     head = torch.zeros(2, dtype=torch.int64)
     if me:
@@ -84,7 +84,7 @@ def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
     """
     from .. import objects
 
-    ctx = init()
+    ctx = joined()
     _check_root(root_rank, "broadcast_object")
     if ctx.rank == root_rank:
         data, error = None, None
@@ -115,7 +115,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     state) gets root's state too. The optimizers must be built over the same parameters
     in the same order. Works on a DistributedOptimizer or a plain optimizer.
     """
-    ctx = init()
+    ctx = joined()
     _check_root(root_rank, "broadcast_optimizer_state")
     if not ctx.distributed:
         return
@@ -186,7 +186,7 @@ def allgather_object(obj, name: str | None = None) -> list:
     send is refused with a UserError on every worker, naming that worker."""
     from .. import objects
 
-    ctx = init()
+    ctx = joined()
     data, error = b"", None
     try:
         data = objects.encode(obj)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ..comm import p2p
 from ..errors import UserError
-from .basics import init
+from .basics import joined
 
 
 class ReduceOp(enum.Enum):
@@ -76,7 +76,7 @@ class Carrier:
         if t.device.type not in ("cpu", "cuda"):
             raise UserError(f"{what}: the tensor is on {t.device}, which holds no data to send; move it to the CPU "
                             "or its GPU first")
-        self.ctx = init()
+        self.ctx = joined()
         self.what = what
         self.device, self.dtype = t.device, t.dtype
         nccl = t.device.type == "cuda" and self.ctx.nccl_group is not None

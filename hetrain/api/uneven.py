@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from .basics import _BEFORE_SHUTDOWN, init
+from .basics import _BEFORE_SHUTDOWN, joined
 
 # descriptor: [active, kind, a, b, c, stopping]; active workers send identical ones, joined
 # workers zeros, a worker leaving the job (shutdown) only stopping = 1
@@ -71,7 +71,7 @@ def register_optimizer(opt) -> int:
 def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
     """All-reduce one descriptor; returns (active workers, the active workers' descriptor).
     Raises on every worker when some workers are leaving the job while others are not."""
-    ctx = init()
+    ctx = joined()
     t = torch.tensor(desc + [0] * (_WIDTH - 1 - len(desc)) + [stopping], dtype=torch.int64)
     try:
         dist.all_reduce(t, group=ctx.worker_group)
@@ -90,7 +90,7 @@ def _exchange(desc: list[int], stopping: int = 0) -> tuple[int, list[int]]:
 def announce(kind: Kind, *args: int) -> int:
     """Called by an active worker before a join-aware operation: tell the joined workers
     what follows. Returns the number of workers that have not joined (this one included)."""
-    ctx = init()
+    ctx = joined()
     if not ctx.distributed or ctx.num_workers == 1:
         return 1
     active, _ = _exchange([1, int(kind), *args])
@@ -99,7 +99,7 @@ def announce(kind: Kind, *args: int) -> int:
 
 def refuse_if_joined(what: str) -> None:
     """Operations join cannot shadow: refused on every worker while one has joined."""
-    ctx = init()
+    ctx = joined()
     if not ctx.distributed or ctx.num_workers == 1:
         return
     active = announce(Kind.REFUSED)
@@ -112,7 +112,7 @@ def join(device: int = -1) -> int:
     """This worker has no more data: shadow the others' operations until all have
     joined (see the module docstring). Returns the rank that joined last. `device` is
     accepted for Horovod compatibility (hetrain picks the transport by tensor device)."""
-    ctx = init()
+    ctx = joined()
     if not ctx.distributed or ctx.num_workers == 1:
         return 0
     joined_at = _seen[0]
@@ -151,7 +151,7 @@ def _shadow_optimizer(args: list[int], active: int) -> None:
 
 
 def _shadow_barrier(args: list[int], active: int) -> None:
-    ctx = init()
+    ctx = joined()
     try:
         dist.barrier(group=ctx.worker_group)
     except RuntimeError as err:

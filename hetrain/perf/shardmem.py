@@ -220,6 +220,6 @@ def choose_plan(model: ShardModel, workers: Sequence[ShardWorker], global_batch:
     best = min(fits, key=lambda s: (fits[s].step_s, -s))
     p = fits[best]
     why = (f"stage {best}: the fastest that fits every worker (predicted step {p.step_s * 1e3:.0f} ms)"
-           + (f"; not fitting: " + ", ".join(f"stage {s}: {r}" for s, r in sorted(rejected.items()))
+           + ("; not fitting: " + ", ".join(f"stage {s}: {r}" for s, r in sorted(rejected.items()))
               if rejected else ""))
     return ShardPlan(p.stage, p.batch, p.weights, p.peak, p.items, p.step_s, why, rejected)

@@ -2,7 +2,6 @@
 from the last complete checkpoint and ends where an uninterrupted run ends. The lost
 process is a replica of a stage whose replicas average dense gradients with push_pull
 on their stage's group (interaction + first top layer, fan-out 1->2 and fan-in 2->1)."""
-import torch
 from torch.testing import assert_close
 
 from hetrain.pipeline.reference import assemble, train_single

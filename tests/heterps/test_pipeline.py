@@ -6,7 +6,6 @@ samples in 8 micro-batches: 126 and 125). The trained parameters equal a single-
 run. (Fan-out 1->2 runs in test_fault.py.)"""
 import json
 
-import torch
 from torch.testing import assert_close
 
 from hetrain.pipeline.reference import assemble, train_single

@@ -1,7 +1,6 @@
 """`hetrain plan` end to end on a saved profile."""
 import json
 
-import numpy as np
 import pytest
 import yaml
 

@@ -1,8 +1,6 @@
 """Layer profiles, the model zoo and the resource catalogue: loading and bad input."""
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

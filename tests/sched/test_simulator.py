@@ -3,7 +3,7 @@ import pytest
 
 from hetrain.cli import main
 from hetrain.perf.jobs import TableCurve
-from hetrain.sched.cluster import gpu_pools, parse_cluster_spec
+from hetrain.sched.cluster import gpu_pools
 from hetrain.sched.job import make_job
 from hetrain.sched.patterns import make_pattern
 from hetrain.sched.simulator import simulate
