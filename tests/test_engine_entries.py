@@ -8,7 +8,7 @@ workers reducing locally before its owner pushes, which polls its reduces in fli
 Counted so before the engine took each gradient in one call (`PushPull.take`): 10 per
 gradient with BytePS, 15 with BytePS and overlap, 5 with all-reduce and overlap; now 3,
 3 and 2. The hierarchical transport counted 8 before its passes were limited to what can
-have moved and its polls to one per interval; now 3 to 3.6. The training it counts gives
+have moved and its polls to one per interval; now 2.9 to 3.6. The training it counts gives
 one process's weights, so the count is of the real path."""
 import json
 import sys
