@@ -13,9 +13,6 @@ from ..errors import UserError
 from ..runtime import context as _context
 
 _ENGINE: PushPull | None = None
-# what this process was in the job it left with shutdown(), where that job had other
-# processes: any call of the API then refuses to join again on its own (see `joined`)
-_LEFT: str | None = None
 
 # run first by shutdown(), with the engine still up (ops: finish outstanding async handles)
 _BEFORE_SHUTDOWN: list[Callable[[PushPull], None]] = []
@@ -25,27 +22,25 @@ def init():
     """Join the job (reads the launcher's environment; a plain `python script.py` is a
     one-worker job). Returns the Context. Called again after shutdown(), it joins anew:
     every process of the job must then call it."""
-    global _ENGINE, _LEFT
-    _LEFT = None
-    ctx = _context.init()
+    return _join(again=True)
+
+
+def joined():
+    """The job's Context: every call of the API joins the job the first time, as init()
+    does; after shutdown() left a job of several processes, such a call is refused with
+    what to do (`runtime.context.init`)."""
+    return _join(again=False)
+
+
+def _join(again: bool):
+    global _ENGINE
+    ctx = _context.init(again=again)
     if _ENGINE is None:
         if not ctx.is_worker:
             raise RuntimeError("hetrain.init() was called on a summation-server rank; servers run hetrain.comm.server")
         _ENGINE = PushPull(ctx)
         atexit.register(shutdown)
     return ctx
-
-
-def joined():
-    """The job's Context: every call of the API joins the job the first time, as init()
-    does. After shutdown() left a job of several processes, a call that would join it
-    again on its own is refused with what to do: the others have left (or will not join
-    with it), so a new rendezvous would hang until the timeout or fail on a refused
-    connection."""
-    if _LEFT is not None:
-        raise UserError(f"{_LEFT} left the job with hetrain.shutdown(); hetrain's calls need the job: call them "
-                        "before shutdown(), or call hetrain.init() on every process to join a new one")
-    return init()
 
 
 def engine() -> PushPull:
@@ -198,6 +193,3 @@ def shutdown() -> None:
                 eng.shutdown()
         finally:
             _context.shutdown()
-            if eng.ctx.distributed:
-                global _LEFT
-                _LEFT = eng.ctx.describe(eng.ctx.rank)

@@ -168,19 +168,32 @@ def _explain(record: str) -> str:
 
 
 _CTX: Context | None = None
+# what this process was in the job of several processes it left with shutdown(): joining
+# again then takes an explicit hetrain.init() (`init(again=True)`)
+_LEFT: str | None = None
 
 
-def init() -> Context:
+def init(again: bool = False) -> Context:
     """Join the job described by the launcher's environment (idempotent).
 
     Without a launcher environment this is a one-process job: push_pull only applies
     the batch weighting, so the same script runs with `python script.py`. Started by
     plain torchrun (its variables, no HETRAIN_* ones), it joins torchrun's job as a
     workers-only all-reduce job (`runtime/torchrun.py`).
+
+    Every call that needs the job joins it the first time. After shutdown() left a job
+    of several processes, only `again` (hetrain.init()) joins anew; any other call is
+    refused with what to do: the other processes have left or will not join with it,
+    so a rendezvous of its own would hang until the timeout or fail on a refused
+    connection.
     """
-    global _CTX
+    global _CTX, _LEFT
     if _CTX is not None:
         return _CTX
+    if _LEFT is not None and not again:
+        raise UserError(f"{_LEFT} left the job with hetrain.shutdown(); hetrain's calls need the job: call them "
+                        "before shutdown(), or call hetrain.init() on every process to join a new one")
+    _LEFT = None
     env = ProcEnv.from_environ()
     if env is None:
         from .torchrun import from_torchrun_environ
@@ -332,8 +345,10 @@ def teardown(ctx: "Context | None") -> None:
 
 
 def shutdown() -> None:
-    global _CTX
+    global _CTX, _LEFT
     ctx, _CTX = _CTX, None
+    if ctx is not None and ctx.distributed:
+        _LEFT = ctx.describe(ctx.rank)
     # the heartbeat goes on until the process exits: a process still running must never
     # look hung to the launcher, which sees the exit itself
     teardown(ctx)
