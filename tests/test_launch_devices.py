@@ -154,12 +154,12 @@ def test_hetrain_local_rank_is_the_bound_gpu(monkeypatch):
     topo = build_topology(cluster, "allreduce")
     for p in topo.workers:
         ctx = context.Context(None, cluster, topo, None, None, device=worker_device(p))
-        monkeypatch.setattr(basics, "init", lambda ctx=ctx, p=p: _AtRank(ctx, p.rank))
+        monkeypatch.setattr(basics, "joined", lambda ctx=ctx, p=p: _AtRank(ctx, p.rank))
         assert hetrain.local_rank() == worker_device(p).index
 
 
 class _AtRank:
-    """A context of a given rank (what `hetrain.init()` returns in a worker)."""
+    """A context of a given rank (what the API's calls join in a worker)."""
 
     def __init__(self, ctx, rank: int) -> None:
         self._ctx, self.rank = ctx, rank
