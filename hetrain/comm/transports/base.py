@@ -89,7 +89,6 @@ class ServerLeg:
         self.sort_reverse = sort_reverse
         self.pending: list[int] = []
         self.inflight: dict[int, deque] = {}
-        self.in_flight = 0  # posted, not retired (a poll with none in flight need not look)
 
     def add(self, pids) -> None:
         self.pending.extend(pids)
@@ -125,12 +124,10 @@ class ServerLeg:
         s = chan.isend(sbuf, tag, g, what=f"sending partition {pid}")
         r = chan.irecv(rbuf, tag, g, what=f"receiving the sum of partition {pid}")
         self.inflight.setdefault(p.server, deque()).append((pid, dst, s, r))
-        self.in_flight += 1
         self.window.sent(p.server, t.layout.sizes[pid])
 
     def retire(self, item) -> int:
         pid, dst, s, r = item
-        self.in_flight -= 1
         p2p.wait(s, self.ctx.peer_error, f"sending partition {pid}", [dst])
         p2p.wait(r, self.ctx.peer_error, f"waiting for the sum of partition {pid}", [dst])
         t = self.t

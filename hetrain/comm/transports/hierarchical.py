@@ -59,7 +59,9 @@ class HierarchicalTransport(Transport):
         # pass with nothing new is one call (it runs at every tensor handed over)
         self.unready = 0  # partitions filled whose work buffer the staging has not confirmed
         self.staged = 0  # partitions staged out whose wire bytes out_ready has not returned
-        self.polls = False  # local reduces in flight (`Transport.polls`): their owner pushes when one completes
+        # `Transport.polls`: local reduces in flight (their owner pushes when one completes),
+        # or partitions the staging has yet to confirm or copy out
+        self.polls = False
         self.next_reduce = 0
         self.reduces: deque = deque()  # (pid, work) in order
         self.summed: set[int] = set()  # the machine's sum (owner: the global sum) is in the work buffer
@@ -127,7 +129,7 @@ class HierarchicalTransport(Transport):
         # sums that came back wait for the broadcasts, which start once every reduce is
         # issued: before that, looked for only in a pass that moved something (a partition
         # filled or reduced), not at every tensor handed over
-        if self.leg.in_flight and (moved or self.next_reduce == len(self.order)):
+        if (moved or self.next_reduce == len(self.order)) and any(self.leg.inflight.values()):
             done = self.leg.retire_done()
             if done:
                 self.summed.update(done)
